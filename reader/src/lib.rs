@@ -1,0 +1,44 @@
+//! Read datasets written by imgpack's `pack`.
+//!
+//! `pack` turns an ImageFolder tree into a few large files that a training job reads by offset
+//! instead of opening hundreds of thousands of small files. This crate owns that on-disk format
+//! — key naming, metadata records, image format names — and reads it back: random access by
+//! sample index and in-order iteration. The writer (`imgpack`) imports the format from here, so
+//! the two can never disagree. `FORMAT.md` at the repository root says the same for Python users.
+//!
+//! It depends on no image codec, thread pool or CLI crate: a data loader can use it alone.
+//!
+//! # Example
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("train.lmdb");
+//! # imgpack_reader::lmdb::write_example(&path)?;
+//! let dataset = imgpack_reader::open(&path)?;
+//! assert_eq!(dataset.len(), 2);
+//! assert_eq!(dataset.classes(), ["cat", "dog"]);
+//!
+//! let sample = dataset.get(1)?;
+//! let (format, bytes) = sample.image().expect("every sample has an image");
+//! assert_eq!(format.extension(), "png");
+//! assert_eq!(sample.label()?, 1);
+//! assert_eq!(sample.info()?.path, "dog/rex.png");
+//! # let _ = bytes;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod dataset;
+mod error;
+pub mod format;
+pub mod key;
+pub mod lmdb;
+mod meta;
+mod sample;
+
+pub use dataset::{open, Dataset};
+pub use error::{Error, Result};
+pub use format::ImageFormat;
+pub use meta::{Meta, SourceInfo, FORMAT_VERSION};
+pub use sample::{Field, Sample, SampleInfo};

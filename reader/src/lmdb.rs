@@ -1,0 +1,281 @@
+//! The LMDB layout and its reader.
+//!
+//! # Layout
+//!
+//! A dataset is an LMDB environment directory (`data.mdb`, `lock.mdb`) with one unnamed
+//! database. Every field of every sample is a record under `{key}.{ext}` (see [`crate::key`]),
+//! e.g. `00000042.cls`, `00000042.jpg`, `00000042.json`; the record [`META_KEY`] holds the
+//! [`Meta`] JSON and is written last. Keys sort as sample order, so one cursor
+//! `set_range(b"00000042.")` lands on sample 42's first field and its fields follow it.
+//!
+//! Readers open the environment read-only and without the lock file: a published dataset is
+//! never written again, and this way it also reads from read-only and shared mounts.
+
+use std::borrow::Cow;
+use std::path::Path;
+use std::sync::Arc;
+
+use heed::types::Bytes;
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
+
+use crate::key::{format_key, split_field_name, META_KEY};
+use crate::{Error, Field, Meta, Result, Sample, FORMAT_VERSION};
+
+/// The `format` value in the metadata of an LMDB dataset.
+pub const FORMAT_NAME: &str = "imgpack-lmdb";
+
+/// An LMDB dataset written by `pack`, open for reading. `Send + Sync`: share it across threads
+/// (behind an `Arc` or by reference) and read from all of them at once.
+pub struct LmdbDataset {
+    path: Arc<Path>,
+    env: Env<WithoutTls>,
+    db: Database<Bytes, Bytes>,
+    meta: Meta,
+}
+
+impl std::fmt::Debug for LmdbDataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LmdbDataset").field("path", &self.path).field("samples", &self.meta.samples).finish()
+    }
+}
+
+impl LmdbDataset {
+    /// Opens the LMDB dataset in directory `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<LmdbDataset> {
+        let path: Arc<Path> = Arc::from(path.as_ref());
+        if !path.join("data.mdb").is_file() {
+            return Err(Error::NotADataset {
+                path: path.to_path_buf(),
+                reason: "no data.mdb inside; pass the directory that `pack --to lmdb -o` created".into(),
+            });
+        }
+        let lmdb_err = |source| Error::Lmdb { path: path.to_path_buf(), source };
+        let mut options = EnvOpenOptions::new().read_txn_without_tls();
+        // SAFETY: the flags make LMDB open the map read-only and skip the lock file. A dataset is
+        // immutable once `pack` has published it, so no writer can change the pages under us; a
+        // file truncated or rewritten by someone else is the one hazard, as with any memory map.
+        let env = unsafe {
+            options.flags(EnvFlags::READ_ONLY | EnvFlags::NO_LOCK);
+            options.open(&*path)
+        }
+        .map_err(lmdb_err)?;
+        let txn = env.read_txn().map_err(lmdb_err)?;
+        let db: Database<Bytes, Bytes> = env
+            .open_database(&txn, None)
+            .map_err(lmdb_err)?
+            .ok_or_else(|| Error::NotADataset { path: path.to_path_buf(), reason: "no main database".into() })?;
+        let raw = db.get(&txn, META_KEY.as_bytes()).map_err(lmdb_err)?.ok_or_else(|| Error::NotADataset {
+            path: path.to_path_buf(),
+            reason: format!(
+                "no {META_KEY} record, so the run that wrote it did not finish; re-run `pack` with --overwrite"
+            ),
+        })?;
+        let meta: Meta =
+            serde_json::from_slice(raw).map_err(|source| Error::BadMeta { path: path.to_path_buf(), source })?;
+        drop(txn);
+        if meta.format != FORMAT_NAME || meta.version > FORMAT_VERSION {
+            return Err(Error::NotADataset {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "metadata says format {:?} version {}; this reader reads {FORMAT_NAME} up to version {FORMAT_VERSION} (upgrade imgpack-reader)",
+                    meta.format, meta.version
+                ),
+            });
+        }
+        Ok(LmdbDataset { path, env, db, meta })
+    }
+
+    /// The dataset directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The dataset metadata.
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    /// The number of samples.
+    pub fn len(&self) -> u64 {
+        self.meta.samples
+    }
+
+    /// Whether the dataset holds no sample.
+    pub fn is_empty(&self) -> bool {
+        self.meta.samples == 0
+    }
+
+    /// Class names in class-index order.
+    pub fn classes(&self) -> &[String] {
+        &self.meta.classes
+    }
+
+    /// A consistent read snapshot: samples read through it borrow their bytes from the memory
+    /// map instead of copying them. Hold it for a batch of reads, not for a whole epoch.
+    pub fn snapshot(&self) -> Result<Snapshot<'_>> {
+        let txn = self.env.read_txn().map_err(|source| self.lmdb_err(source))?;
+        Ok(Snapshot { dataset: self, txn })
+    }
+
+    /// Sample `index`, with its bytes copied out of the map.
+    pub fn get(&self, index: u64) -> Result<Sample<'static>> {
+        Ok(self.snapshot()?.get(index)?.into_owned())
+    }
+
+    /// Every sample in index order, each copied out of the map.
+    pub fn iter(&self) -> Result<Iter<'_>> {
+        Ok(Iter { snapshot: self.snapshot()?, next: 0 })
+    }
+
+    fn lmdb_err(&self, source: heed::Error) -> Error {
+        Error::Lmdb { path: self.path.to_path_buf(), source }
+    }
+}
+
+/// A read transaction over an [`LmdbDataset`]; samples from it borrow from the memory map.
+pub struct Snapshot<'d> {
+    dataset: &'d LmdbDataset,
+    txn: RoTxn<'d, WithoutTls>,
+}
+
+impl<'d> Snapshot<'d> {
+    /// Sample `index`, its fields pointing into the memory map (no copy).
+    pub fn get(&self, index: u64) -> Result<Sample<'_>> {
+        let ds = self.dataset;
+        if index >= ds.meta.samples {
+            return Err(Error::OutOfRange { path: ds.path.to_path_buf(), index, len: ds.meta.samples });
+        }
+        let key = format_key(index, ds.meta.key_width);
+        let prefix = format!("{key}.");
+        let mut fields = Vec::with_capacity(3);
+        let iter = ds.db.prefix_iter(&self.txn, prefix.as_bytes()).map_err(|e| ds.lmdb_err(e))?;
+        for entry in iter {
+            let (name, data) = entry.map_err(|e| ds.lmdb_err(e))?;
+            let ext = std::str::from_utf8(name)
+                .ok()
+                .and_then(split_field_name)
+                .map(|(_, ext)| ext.to_string())
+                .ok_or_else(|| Error::BadSample {
+                    path: ds.path.to_path_buf(),
+                    key: key.clone(),
+                    reason: format!("record name {:?} is not {{key}}.{{ext}}", String::from_utf8_lossy(name)),
+                })?;
+            fields.push(Field { ext, data: Cow::Borrowed(data) });
+        }
+        if fields.is_empty() {
+            return Err(Error::BadSample {
+                path: ds.path.to_path_buf(),
+                key,
+                reason: "no record is stored under this key".into(),
+            });
+        }
+        Ok(Sample { index, key, fields, dataset: ds.path.clone() })
+    }
+}
+
+/// Iterator over every sample of an [`LmdbDataset`] in index order, from one snapshot.
+pub struct Iter<'d> {
+    snapshot: Snapshot<'d>,
+    next: u64,
+}
+
+impl Iterator for Iter<'_> {
+    type Item = Result<Sample<'static>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next >= self.snapshot.dataset.len() {
+            return None;
+        }
+        let item = self.snapshot.get(self.next).map(Sample::into_owned);
+        self.next += 1;
+        Some(item)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = usize::try_from(self.snapshot.dataset.len() - self.next).unwrap_or(usize::MAX);
+        (left, Some(left))
+    }
+}
+
+/// Writes a two-sample dataset for the crate's examples. Not part of the API.
+#[doc(hidden)]
+pub fn write_example(path: &Path) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(path)?;
+    // SAFETY: a fresh directory that nothing else opens while the example runs.
+    let env = unsafe { EnvOpenOptions::new().map_size(1 << 20).open(path)? };
+    let mut txn = env.write_txn()?;
+    let db: Database<Bytes, Bytes> = env.create_database(&mut txn, None)?;
+    let samples = [("cat", "cat/tom.jpg", &b"\xFF\xD8\xFF\xE0"[..], "jpg"), ("dog", "dog/rex.png", b"\x89PNG", "png")];
+    for (i, (class, rel, bytes, ext)) in samples.into_iter().enumerate() {
+        let key = format_key(i as u64, 8);
+        db.put(&mut txn, format!("{key}.cls").as_bytes(), i.to_string().as_bytes())?;
+        db.put(&mut txn, format!("{key}.{ext}").as_bytes(), bytes)?;
+        let info = crate::SampleInfo { path: rel.into(), class: class.into(), path_hex: None };
+        db.put(&mut txn, format!("{key}.json").as_bytes(), &serde_json::to_vec(&info)?)?;
+    }
+    let meta = Meta {
+        format: FORMAT_NAME.into(),
+        version: FORMAT_VERSION,
+        samples: 2,
+        key_width: 8,
+        classes: vec!["cat".into(), "dog".into()],
+        fields: vec!["cls".into(), "jpg".into(), "json".into(), "png".into()],
+        source: crate::SourceInfo { kind: "imagefolder".into(), root: "train".into() },
+        options: serde_json::json!({}),
+        tool: "example".into(),
+    };
+    db.put(&mut txn, META_KEY.as_bytes(), &serde_json::to_vec(&meta)?)?;
+    txn.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn dataset_is_send_and_sync() {
+        assert_send_sync::<LmdbDataset>();
+    }
+
+    #[test]
+    fn reads_back_what_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        write_example(dir.path()).unwrap();
+        let ds = LmdbDataset::open(dir.path()).unwrap();
+        assert_eq!(ds.len(), 2);
+        let snap = ds.snapshot().unwrap();
+        let s = snap.get(0).unwrap();
+        assert!(matches!(s.fields[0].data, Cow::Borrowed(_)));
+        assert_eq!(s.label().unwrap(), 0);
+        assert_eq!(s.image().unwrap().1, b"\xFF\xD8\xFF\xE0");
+        assert!(matches!(snap.get(2), Err(Error::OutOfRange { index: 2, len: 2, .. })));
+        let all: Vec<_> = ds.iter().unwrap().collect::<Result<_>>().unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].info().unwrap().class, "dog");
+    }
+
+    #[test]
+    fn a_directory_without_data_mdb_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = LmdbDataset::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains(&dir.path().display().to_string()), "{err}");
+        assert!(err.contains("data.mdb"), "{err}");
+    }
+
+    #[test]
+    fn a_database_without_meta_is_incomplete() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let env = unsafe { EnvOpenOptions::new().map_size(1 << 20).open(dir.path()).unwrap() };
+            let mut txn = env.write_txn().unwrap();
+            let db: Database<Bytes, Bytes> = env.create_database(&mut txn, None).unwrap();
+            db.put(&mut txn, b"00000000.cls", b"0").unwrap();
+            txn.commit().unwrap();
+        }
+        let err = LmdbDataset::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("did not finish"), "{err}");
+    }
+}

@@ -1,0 +1,151 @@
+//! The validated plan for a run: command-line options become a [`PackConfig`] before any work
+//! starts, so a contradiction is reported in the first millisecond, not an hour into a job.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use crate::{Error, Result};
+
+/// The image extensions torchvision's `ImageFolder` accepts, which are ours by default.
+pub const DEFAULT_EXTENSIONS: [&str; 9] = ["jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"];
+
+/// What to do with a file that cannot be packed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// Skip it, list it in the summary and exit with code 3 at the end.
+    #[default]
+    Skip,
+    /// Stop the run at the first such file; nothing is published.
+    Fail,
+}
+
+/// The output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// An LMDB environment directory.
+    Lmdb,
+}
+
+/// Everything a `pack` run needs, checked.
+#[derive(Debug, Clone)]
+pub struct PackConfig {
+    /// The ImageFolder root.
+    pub source: PathBuf,
+    /// The output path.
+    pub output: PathBuf,
+    /// The output format.
+    pub format: OutputFormat,
+    /// Worker threads for reading and checking files.
+    pub threads: usize,
+    /// `Some(seed)` to permute the samples deterministically.
+    pub shuffle: Option<u64>,
+    /// Accepted file extensions, lower case, without the dot.
+    pub extensions: Vec<String>,
+    /// What to do with files that cannot be packed.
+    pub on_error: OnError,
+    /// Replace an existing output.
+    pub overwrite: bool,
+}
+
+impl PackConfig {
+    /// A configuration with the defaults: all cores, no shuffle, torchvision's extensions.
+    pub fn new(source: impl Into<PathBuf>, output: impl Into<PathBuf>, format: OutputFormat) -> PackConfig {
+        PackConfig {
+            source: source.into(),
+            output: output.into(),
+            format,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            shuffle: None,
+            extensions: DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+            on_error: OnError::Skip,
+            overwrite: false,
+        }
+    }
+
+    /// Parses a `--extensions` list: comma-separated, with or without dots, any case.
+    pub fn parse_extensions(list: &str) -> Result<Vec<String>> {
+        let exts: Vec<String> = list
+            .split(',')
+            .map(|e| e.trim().trim_start_matches('.').to_lowercase())
+            .filter(|e| !e.is_empty())
+            .collect();
+        if exts.is_empty() {
+            return Err(Error::Usage(format!(
+                "--extensions {list:?} names no extension; pass e.g. --extensions jpg,jpeg,png"
+            )));
+        }
+        Ok(exts)
+    }
+
+    /// Checks the plan: sources and outputs that cannot work are refused here.
+    pub fn validate(&self) -> Result<()> {
+        if self.threads == 0 {
+            return Err(Error::Usage("--threads must be at least 1".into()));
+        }
+        if !self.source.is_dir() {
+            return Err(Error::BadSource {
+                path: self.source.clone(),
+                reason: "is not a directory; pass the root of an ImageFolder tree (root/<class>/<image>)".into(),
+            });
+        }
+        let (src, out) = (self.source.canonicalize().ok(), absolute(&self.output));
+        if let (Some(src), Some(out)) = (src, out) {
+            if out.starts_with(&src) {
+                return Err(Error::Usage(format!(
+                    "-o {} is inside the source tree {}; write the output elsewhere so it is not packed into itself",
+                    self.output.display(),
+                    self.source.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The options that shape the output, as recorded in the dataset metadata. Thread count is
+    /// left out on purpose: it does not change a byte of the output.
+    pub fn recorded_options(&self) -> serde_json::Value {
+        json!({
+            "mode": "passthrough",
+            "shuffle": self.shuffle.is_some(),
+            "seed": self.shuffle,
+            "extensions": self.extensions,
+            "on_error": match self.on_error { OnError::Skip => "skip", OnError::Fail => "fail" },
+        })
+    }
+}
+
+/// The absolute form of a path that may not exist yet (its parent is canonicalised).
+fn absolute(path: &std::path::Path) -> Option<PathBuf> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.canonicalize().ok()?,
+        _ => std::env::current_dir().ok()?,
+    };
+    Some(parent.join(path.file_name()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extensions_are_normalised() {
+        assert_eq!(PackConfig::parse_extensions(".JPG, png,,Tiff").unwrap(), ["jpg", "png", "tiff"]);
+        assert!(PackConfig::parse_extensions(" , ").is_err());
+    }
+
+    #[test]
+    fn output_inside_source_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = PackConfig::new(dir.path(), dir.path().join("out.lmdb"), OutputFormat::Lmdb);
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("inside the source tree"), "{err}");
+    }
+
+    #[test]
+    fn missing_source_names_the_path() {
+        let cfg = PackConfig::new("/no/such/dir", "/tmp/x", OutputFormat::Lmdb);
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.starts_with("/no/such/dir: is not a directory"), "{err}");
+    }
+}

@@ -1,0 +1,72 @@
+//! `pack`: the command line. It parses arguments, calls the library, and reports; the work
+//! lives in the `imgpack` library so tests and benchmarks run exactly the same code.
+
+mod cli;
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use cli::{Cli, Command};
+
+/// Exit code for a run stopped by an error.
+const EXIT_ERROR: u8 = 1;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            let mut message = format!("error: {err}");
+            let mut source = std::error::Error::source(&err);
+            while let Some(cause) = source {
+                let text = cause.to_string();
+                if !message.contains(&text) {
+                    message.push_str(&format!("\n  caused by: {text}"));
+                }
+                source = cause.source();
+            }
+            eprintln!("{message}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn run(cli: Cli) -> imgpack::Result<u8> {
+    match cli.command {
+        Command::Imagefolder(args) => {
+            let config = args.to_config()?;
+            let bar = progress_bar(args.output.quiet);
+            let report = imgpack::pipeline::pack(&config, &bar)?;
+            for line in report.warning_lines() {
+                eprintln!("warning: {line}");
+            }
+            let mut stdout = std::io::stdout().lock();
+            if args.output.json {
+                let json = serde_json::to_string(&report).expect("report serialises");
+                let _ = writeln!(stdout, "{json}");
+            } else if !args.output.quiet {
+                let _ = write!(stdout, "{report}");
+            }
+            Ok(report.exit_code() as u8)
+        }
+    }
+}
+
+/// A progress bar on stderr, hidden when stderr is not a terminal or with `--quiet`.
+fn progress_bar(quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+    }
+    let bar = ProgressBar::new(0);
+    let style = ProgressStyle::with_template(
+        "{spinner} {elapsed_precise} [{wide_bar}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
+    )
+    .expect("valid template")
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar
+}

@@ -1,0 +1,131 @@
+//! Publishing outputs atomically.
+//!
+//! A run writes under a temporary name next to the output (`.NAME.imgpack-tmp`) and renames it
+//! into place only once everything is written and synced. An interrupted run therefore never
+//! leaves anything at the output path that could be mistaken for a complete dataset; what it
+//! leaves is visibly temporary and is cleared by the next run.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::{Error, Result};
+
+/// An output being written under a temporary name.
+#[derive(Debug)]
+pub struct Staged {
+    target: PathBuf,
+    temp: PathBuf,
+    overwrite: bool,
+}
+
+impl Staged {
+    /// Prepares to write `target`: refuses an existing one unless `overwrite`, clears the
+    /// leftovers of an interrupted run, and creates the temporary directory.
+    pub fn create_dir(target: &Path, overwrite: bool) -> Result<Staged> {
+        if target.symlink_metadata().is_ok() && !overwrite {
+            return Err(Error::OutputExists { path: target.to_path_buf() });
+        }
+        let name = target.file_name().ok_or_else(|| {
+            Error::Usage(format!("-o {}: name a file or directory to create", target.display()))
+        })?;
+        let parent = parent_of(target);
+        if !parent.is_dir() {
+            return Err(Error::Usage(format!(
+                "-o {}: parent directory {} does not exist; create it first",
+                target.display(),
+                parent.display()
+            )));
+        }
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(name);
+        temp_name.push(".imgpack-tmp");
+        let temp = parent.join(temp_name);
+        remove_any(&temp)?;
+        fs::create_dir(&temp).map_err(Error::io(&temp))?;
+        Ok(Staged { target: target.to_path_buf(), temp, overwrite })
+    }
+
+    /// Where to write.
+    pub fn path(&self) -> &Path {
+        &self.temp
+    }
+
+    /// The final path.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// Syncs every file in the temporary directory, renames it to the target (replacing an
+    /// old one) and syncs the parent directory so the rename itself is durable.
+    pub fn publish(self) -> Result<()> {
+        for entry in fs::read_dir(&self.temp).map_err(Error::io(&self.temp))? {
+            let path = entry.map_err(Error::io(&self.temp))?.path();
+            if path.is_file() {
+                sync_file(&path)?;
+            }
+        }
+        sync_file(&self.temp)?;
+        if self.overwrite && self.target.symlink_metadata().is_ok() {
+            let mut old = self.temp.clone().into_os_string();
+            old.push("-old");
+            let old = PathBuf::from(old);
+            remove_any(&old)?;
+            fs::rename(&self.target, &old).map_err(Error::io(&self.target))?;
+            fs::rename(&self.temp, &self.target).map_err(Error::io(&self.target))?;
+            remove_any(&old)?;
+        } else {
+            fs::rename(&self.temp, &self.target).map_err(Error::io(&self.target))?;
+        }
+        sync_file(&parent_of(&self.target))
+    }
+}
+
+fn parent_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+fn sync_file(path: &Path) -> Result<()> {
+    fs::File::open(path).and_then(|f| f.sync_all()).map_err(Error::io(path))
+}
+
+fn remove_any(path: &Path) -> Result<()> {
+    match path.symlink_metadata() {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path).map_err(Error::io(path)),
+        Ok(_) => fs::remove_file(path).map_err(Error::io(path)),
+        Err(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn existing_output_is_refused_without_overwrite_and_replaced_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("old"), b"old").unwrap();
+        assert!(matches!(Staged::create_dir(&target, false), Err(Error::OutputExists { .. })));
+        let staged = Staged::create_dir(&target, true).unwrap();
+        fs::write(staged.path().join("new"), b"new").unwrap();
+        assert!(target.join("old").exists(), "the old output stays until publish");
+        staged.publish().unwrap();
+        assert!(!target.join("old").exists());
+        assert_eq!(fs::read(target.join("new")).unwrap(), b"new");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary left behind");
+    }
+
+    #[test]
+    fn an_unpublished_output_never_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out");
+        let staged = Staged::create_dir(&target, false).unwrap();
+        fs::write(staged.path().join("data"), b"partial").unwrap();
+        drop(staged);
+        assert!(!target.exists());
+    }
+}

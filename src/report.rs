@@ -1,0 +1,147 @@
+//! The run summary: what was found, packed and skipped, and how fast.
+//!
+//! The same record is printed for people (a short table on stderr) and for machines
+//! (`--json`: one JSON object on stdout with `"type": "summary"`). The totals always add up:
+//! `packed + skipped = found`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+/// A file that was found but not packed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    /// The source file.
+    pub path: PathBuf,
+    /// Why it was not packed.
+    pub reason: String,
+}
+
+/// The summary of a run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Always `"summary"`, so JSON Lines consumers can tell records apart.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The published output.
+    pub output: PathBuf,
+    /// Files with an accepted extension.
+    pub found: u64,
+    /// Samples written.
+    pub packed: u64,
+    /// Files not packed, with reasons.
+    pub skipped: Vec<Skipped>,
+    /// Number of classes, empty ones included.
+    pub classes: usize,
+    /// Classes with no sample (they keep their index).
+    pub empty_classes: Vec<String>,
+    /// Packed samples by stored image format.
+    pub formats: BTreeMap<String, u64>,
+    /// Image bytes read from the source for packed samples.
+    pub bytes_in: u64,
+    /// Bytes the output occupies on disk.
+    pub bytes_out: u64,
+    /// Wall time of the run.
+    pub seconds: f64,
+    /// Packed samples per second.
+    pub files_per_second: f64,
+    /// Source megabytes (10^6 bytes) packed per second.
+    pub megabytes_per_second: f64,
+    /// Warnings that did not stop the run (symlink loops, unreadable directories).
+    pub warnings: Vec<String>,
+}
+
+impl Report {
+    /// Every warning as a line for the user: empty classes first, then the listing's.
+    pub fn warning_lines(&self) -> Vec<String> {
+        let empty = self.empty_classes.iter().map(|c| {
+            format!("class {c:?} has no images; it keeps its class index (as torchvision's allow_empty=True does)")
+        });
+        empty.chain(self.warnings.iter().cloned()).collect()
+    }
+
+    /// Fills in the rates from the counts and the elapsed time.
+    pub fn set_elapsed(&mut self, seconds: f64) {
+        self.seconds = seconds;
+        let secs = seconds.max(1e-9);
+        self.files_per_second = self.packed as f64 / secs;
+        self.megabytes_per_second = self.bytes_in as f64 / 1e6 / secs;
+    }
+
+    /// The process exit code: 0 when everything found was packed, 3 when some files were
+    /// skipped.
+    pub fn exit_code(&self) -> i32 {
+        if self.skipped.is_empty() {
+            0
+        } else {
+            3
+        }
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "packed {} of {} files into {}", self.packed, self.found, self.output.display())?;
+        let formats: Vec<String> = self.formats.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        writeln!(f, "  classes   {}", self.classes)?;
+        writeln!(f, "  formats   {}", if formats.is_empty() { "-".into() } else { formats.join(", ") })?;
+        writeln!(f, "  bytes     {} in, {} out", human_bytes(self.bytes_in), human_bytes(self.bytes_out))?;
+        writeln!(
+            f,
+            "  time      {:.2} s ({:.0} files/s, {:.1} MB/s)",
+            self.seconds, self.files_per_second, self.megabytes_per_second
+        )?;
+        if !self.empty_classes.is_empty() || !self.warnings.is_empty() {
+            writeln!(f, "  warnings  {} (listed above)", self.empty_classes.len() + self.warnings.len())?;
+        }
+        if !self.skipped.is_empty() {
+            writeln!(f, "  skipped   {} (packed + skipped = found: {} + {} = {})", self.skipped.len(), self.packed, self.skipped.len(), self.found)?;
+            for s in &self.skipped {
+                writeln!(f, "    {}: {}", s.path.display(), s.reason)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `1234567` as `1.2 MB`: SI units, as disks and `--shard-size 1GB` count.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_code_says_whether_anything_was_skipped() {
+        let mut r = Report { found: 2, packed: 2, ..Report::default() };
+        assert_eq!(r.exit_code(), 0);
+        r.packed = 1;
+        r.skipped.push(Skipped { path: "a.jpg".into(), reason: "empty file (0 bytes)".into() });
+        assert_eq!(r.exit_code(), 3);
+        let text = r.to_string();
+        assert!(text.contains("a.jpg: empty file (0 bytes)"), "{text}");
+        assert!(text.contains("1 + 1 = 2"), "{text}");
+    }
+
+    #[test]
+    fn human_bytes_uses_si_units() {
+        assert_eq!(human_bytes(999), "999 B");
+        assert_eq!(human_bytes(1_500_000), "1.5 MB");
+        assert_eq!(human_bytes(2_000_000_000), "2.0 GB");
+    }
+}

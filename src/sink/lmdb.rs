@@ -1,0 +1,183 @@
+//! The LMDB sink. Layout: see [`imgpack_reader::lmdb`].
+//!
+//! Keys arrive sorted, so every record is inserted with `MDB_APPEND`: LMDB skips the B-tree
+//! search and fills pages to the brim, which both speeds the load and keeps the file no larger
+//! than the data. Each batch is one transaction; syncing is deferred to [`Sink::finish`]
+//! (`MDB_NOSYNC`), where one `fdatasync` makes the whole database durable before it is
+//! published — an unpublished temporary is thrown away on a crash, so the per-commit syncs
+//! would buy nothing.
+//!
+//! The map starts at the source size plus slack and doubles whenever LMDB reports it full; the
+//! batch is then retried, so a user never sees `MDB_MAP_FULL`. The map size is address space,
+//! not disk: `data.mdb` only grows as pages are written.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use heed::types::Bytes;
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, MdbError, PutFlags, RwTxn};
+use imgpack_reader::key::META_KEY;
+use imgpack_reader::Meta;
+
+use super::{Finished, PackedSample, Sink};
+use crate::output::Staged;
+use crate::{Error, Result};
+
+/// Writes an LMDB environment directory.
+pub struct LmdbSink {
+    staged: Staged,
+    env: Env,
+    db: Database<Bytes, Bytes>,
+    map_size: usize,
+}
+
+const PAGE: usize = 4096;
+
+impl LmdbSink {
+    /// Starts an LMDB output at `target`. `size_hint` is the expected data size in bytes,
+    /// used to size the first map.
+    pub fn create(target: &Path, overwrite: bool, size_hint: u64) -> Result<LmdbSink> {
+        let staged = Staged::create_dir(target, overwrite)?;
+        let hint = usize::try_from(size_hint).unwrap_or(usize::MAX / 4);
+        let map_size = round_to_page(hint.saturating_add(hint / 4).saturating_add(64 << 20));
+        let path = staged.path().to_path_buf();
+        let err = |source| lmdb_error(&path, source);
+        let mut options = EnvOpenOptions::new();
+        options.map_size(map_size);
+        // SAFETY: the environment is a fresh temporary directory that only this sink opens.
+        // NO_SYNC skips the fsync per commit; `finish` syncs once before publishing, and a crash
+        // before that leaves only the temporary, which is discarded.
+        let env = unsafe {
+            options.flags(EnvFlags::NO_SYNC);
+            options.open(&path)
+        }
+        .map_err(err)?;
+        let mut txn = env.write_txn().map_err(err)?;
+        let db = env.create_database(&mut txn, None).map_err(err)?;
+        txn.commit().map_err(err)?;
+        Ok(LmdbSink { staged, env, db, map_size })
+    }
+
+    fn put_all(&self, txn: &mut RwTxn, batch: &[PackedSample]) -> heed::Result<()> {
+        let mut name = String::new();
+        for sample in batch {
+            for (ext, bytes) in &sample.fields {
+                name.clear();
+                name.push_str(&sample.key);
+                name.push('.');
+                name.push_str(ext);
+                self.db.put_with_flags(txn, PutFlags::APPEND, name.as_bytes(), bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `write` in a transaction, doubling the map and retrying while LMDB says it is full.
+    fn transact(&mut self, write: impl Fn(&Self, &mut RwTxn) -> heed::Result<()>) -> Result<()> {
+        loop {
+            let mut txn = self.env.write_txn().map_err(|e| self.error(e))?;
+            let result = write(self, &mut txn).and_then(|()| txn.commit());
+            match result {
+                Ok(()) => return Ok(()),
+                Err(heed::Error::Mdb(MdbError::MapFull)) => self.grow()?,
+                Err(e) => return Err(self.error(e)),
+            }
+        }
+    }
+
+    fn grow(&mut self) -> Result<()> {
+        let new_size = round_to_page(self.map_size.saturating_mul(2));
+        // SAFETY: LMDB allows resizing while no transaction is open; the failed transaction was
+        // dropped (aborted) before this call and this sink is the environment's only user.
+        unsafe { self.env.resize(new_size) }.map_err(|e| self.error(e))?;
+        self.map_size = new_size;
+        Ok(())
+    }
+
+    fn error(&self, source: heed::Error) -> Error {
+        lmdb_error(self.staged.path(), source)
+    }
+}
+
+impl Sink for LmdbSink {
+    fn write_batch(&mut self, batch: &[PackedSample]) -> Result<()> {
+        self.transact(|sink, txn| sink.put_all(txn, batch))
+    }
+
+    fn finish(mut self: Box<Self>, meta: &Meta) -> Result<Finished> {
+        let json = serde_json::to_vec(meta).expect("metadata serialises");
+        self.transact(|sink, txn| sink.db.put_with_flags(txn, PutFlags::APPEND, META_KEY.as_bytes(), &json))?;
+        self.env.force_sync().map_err(|e| self.error(e))?;
+        let LmdbSink { staged, env, .. } = *self;
+        env.prepare_for_closing().wait();
+        let data = staged.path().join("data.mdb");
+        let bytes = std::fs::metadata(&data).map_err(Error::io(&data))?.len();
+        // LMDB creates its files 0600; a dataset is meant to be shared, read-only.
+        for file in ["data.mdb", "lock.mdb"] {
+            let path = staged.path().join(file);
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).map_err(Error::io(&path))?;
+        }
+        let path = staged.target().to_path_buf();
+        staged.publish()?;
+        Ok(Finished { path, bytes })
+    }
+}
+
+fn round_to_page(n: usize) -> usize {
+    n.div_ceil(PAGE).saturating_mul(PAGE)
+}
+
+fn lmdb_error(path: &Path, source: heed::Error) -> Error {
+    let hint = match &source {
+        heed::Error::Io(e) if e.raw_os_error() == Some(28) => {
+            "; the disk is full: free space or write the output to another disk with -o".to_string()
+        }
+        heed::Error::Mdb(MdbError::Invalid) => "; the directory holds a damaged database: delete it".to_string(),
+        _ => String::new(),
+    };
+    Error::Lmdb { path: path.to_path_buf(), source, hint }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use imgpack_reader::lmdb::LmdbDataset;
+    use imgpack_reader::SourceInfo;
+
+    fn meta(samples: u64) -> Meta {
+        Meta {
+            format: imgpack_reader::lmdb::FORMAT_NAME.into(),
+            version: imgpack_reader::FORMAT_VERSION,
+            samples,
+            key_width: 8,
+            classes: vec!["a".into()],
+            fields: vec!["cls".into(), "jpg".into()],
+            source: SourceInfo { kind: "test".into(), root: "x".into() },
+            options: serde_json::json!({}),
+            tool: crate::TOOL.into(),
+        }
+    }
+
+    #[test]
+    fn a_tiny_map_grows_until_everything_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.lmdb");
+        // A hint of zero gives the smallest map; 300 MB of samples must still fit.
+        let mut sink = Box::new(LmdbSink::create(&out, false, 0).unwrap());
+        let value = vec![7u8; 1 << 20];
+        for batch in 0..30u64 {
+            let samples: Vec<_> = (0..10)
+                .map(|i| PackedSample {
+                    key: format!("{:08}", batch * 10 + i),
+                    fields: vec![("cls".into(), b"0".to_vec()), ("jpg".into(), value.clone())],
+                })
+                .collect();
+            sink.write_batch(&samples).unwrap();
+        }
+        let finished = sink.finish(&meta(300)).unwrap();
+        assert!(finished.bytes > 300 << 20 && finished.bytes < 320 << 20, "{}", finished.bytes);
+        let ds = LmdbDataset::open(&out).unwrap();
+        assert_eq!(ds.len(), 300);
+        assert_eq!(ds.get(299).unwrap().field("jpg").unwrap(), &value[..]);
+    }
+}

@@ -1,0 +1,261 @@
+//! The ImageFolder source: `root/<class>/<image>`, ordered exactly as torchvision orders it.
+//!
+//! With no shuffle, sample `i` must be the file and class index of
+//! `torchvision.datasets.ImageFolder(root, allow_empty=True).samples[i]`, so training code can
+//! switch from the folder to the packed dataset without a label changing. torchvision:
+//!
+//! * takes as classes the sorted names of the root's entries that are directories (symlinks
+//!   followed, hidden ones included);
+//! * walks each class with `sorted(os.walk(class_dir, followlinks=True))`, which orders the
+//!   *directories by their full path string* (so `sub.x` comes before `sub/deep`, since `.`
+//!   sorts before `/`), then lists each directory's non-directory entries by sorted name;
+//! * keeps a file when its lower-cased name ends with an accepted extension (hidden files too).
+//!
+//! Python sorts `str` by code point; names that are not UTF-8 reach Python with each bad byte
+//! mapped to a lone surrogate (`surrogateescape`). [`python_sort_key`] reproduces that.
+//!
+//! Unlike `os.walk`, a symlink loop is detected (by device and inode of the directories above)
+//! and reported instead of being followed until the path is too long, and an unreadable
+//! directory is reported instead of silently ignored.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use super::{Listing, Source, SourceSample};
+use crate::{Error, Result};
+
+/// An ImageFolder tree.
+#[derive(Debug, Clone)]
+pub struct ImageFolder {
+    root: PathBuf,
+    extensions: Vec<String>,
+}
+
+impl ImageFolder {
+    /// The tree at `root`, keeping files whose extension (lower case, no dot) is in `extensions`.
+    pub fn new(root: impl Into<PathBuf>, extensions: &[String]) -> ImageFolder {
+        let extensions = extensions.iter().map(|e| format!(".{}", e.to_lowercase())).collect();
+        ImageFolder { root: root.into(), extensions }
+    }
+
+    fn accepts(&self, name: &OsStr) -> bool {
+        let lower = name.to_string_lossy().to_lowercase();
+        self.extensions.iter().any(|e| lower.ends_with(e.as_str()))
+    }
+
+    /// Walks one class directory: its files in torchvision order, plus warnings.
+    fn walk_class(&self, class_dir: &Path, class: u32) -> (Vec<SourceSample>, Vec<String>) {
+        let mut dirs: Vec<Dir> = Vec::new();
+        let mut warnings = Vec::new();
+        let mut stack = vec![(class_dir.to_path_buf(), Vec::<u8>::new(), ancestors_of(class_dir))];
+        while let Some((dir, rel, ancestors)) = stack.pop() {
+            let entries = match fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) => {
+                    warnings.push(format!(
+                        "{}: cannot list directory ({e}); its files are not packed — fix its permissions to include them",
+                        dir.display()
+                    ));
+                    continue;
+                }
+            };
+            let mut files = Vec::new();
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let name = entry.file_name();
+                // `DirEntry::metadata` does not follow symlinks; `fs::metadata` does, as os.walk's
+                // `is_dir()` does. A dangling link is a non-directory, as in os.walk.
+                let followed = fs::metadata(&path);
+                let is_dir = followed.as_ref().is_ok_and(|m| m.is_dir());
+                if is_dir {
+                    let meta = followed.expect("checked above");
+                    let id = (meta.dev(), meta.ino());
+                    if ancestors.contains(&id) {
+                        warnings.push(format!(
+                            "{}: symlink loop (points back to a directory above it); not followed — remove the link or point it elsewhere",
+                            path.display()
+                        ));
+                        continue;
+                    }
+                    let mut sub_rel = rel.clone();
+                    sub_rel.push(b'/');
+                    sub_rel.extend_from_slice(name.as_bytes());
+                    let mut sub_ancestors = ancestors.clone();
+                    sub_ancestors.insert(id);
+                    stack.push((path, sub_rel, sub_ancestors));
+                } else if self.accepts(&name) {
+                    let size = followed.map(|m| m.len()).unwrap_or(0);
+                    files.push((python_sort_key(&name), path, name, size));
+                }
+            }
+            files.sort_by(|a, b| a.0.cmp(&b.0));
+            dirs.push(Dir { key: python_sort_key(OsStr::from_bytes(&rel)), rel, files });
+        }
+        dirs.sort_by(|a, b| a.key.cmp(&b.key));
+        let class_name = class_dir.file_name().unwrap_or_default().as_bytes();
+        let samples = dirs
+            .into_iter()
+            .flat_map(|d| {
+                d.files.into_iter().map(move |(_, path, name, size)| {
+                    let mut rel_path = class_name.to_vec();
+                    rel_path.extend_from_slice(&d.rel);
+                    rel_path.push(b'/');
+                    rel_path.extend_from_slice(name.as_bytes());
+                    SourceSample { path, rel_path, class, size }
+                })
+            })
+            .collect();
+        (samples, warnings)
+    }
+}
+
+/// A directory met during the walk: its path relative to the class directory (`""` or
+/// `"/sub/deep"`), its sort key, and its accepted files with their sort keys.
+struct Dir {
+    key: Vec<u32>,
+    rel: Vec<u8>,
+    files: Vec<(Vec<u32>, PathBuf, std::ffi::OsString, u64)>,
+}
+
+fn ancestors_of(dir: &Path) -> HashSet<(u64, u64)> {
+    fs::metadata(dir).map(|m| HashSet::from([(m.dev(), m.ino())])).unwrap_or_default()
+}
+
+impl Source for ImageFolder {
+    fn list(&self) -> Result<Listing> {
+        let root = &self.root;
+        let entries = fs::read_dir(root).map_err(Error::io(root))?;
+        let mut classes: Vec<(Vec<u32>, std::ffi::OsString)> = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(Error::io(root))?;
+            if fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
+                classes.push((python_sort_key(&entry.file_name()), entry.file_name()));
+            }
+        }
+        if classes.is_empty() {
+            return Err(Error::BadSource {
+                path: root.clone(),
+                reason: "has no class folders; an ImageFolder tree is root/<class>/<image> — pass the folder that holds the class folders".into(),
+            });
+        }
+        classes.sort();
+        let walked: Vec<_> = classes
+            .par_iter()
+            .enumerate()
+            .map(|(i, (_, name))| self.walk_class(&root.join(name), i as u32))
+            .collect();
+        let mut listing = Listing {
+            classes: classes.iter().map(|(_, n)| n.to_string_lossy().into_owned()).collect(),
+            ..Listing::default()
+        };
+        for (i, (samples, warnings)) in walked.into_iter().enumerate() {
+            if samples.is_empty() {
+                listing.empty_classes.push(listing.classes[i].clone());
+            }
+            listing.samples.extend(samples);
+            listing.warnings.extend(warnings);
+        }
+        Ok(listing)
+    }
+
+    fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
+        fs::read(&sample.path)
+    }
+}
+
+/// The order Python's `sorted()` gives a file name: by code point, decoding UTF-8 with
+/// `surrogateescape` (each undecodable byte `b` becomes U+DC00 + b), as `os.fsdecode` does.
+pub fn python_sort_key(name: &OsStr) -> Vec<u32> {
+    let mut key = Vec::with_capacity(name.len());
+    let mut rest = name.as_bytes();
+    while !rest.is_empty() {
+        match std::str::from_utf8(rest) {
+            Ok(s) => {
+                key.extend(s.chars().map(u32::from));
+                break;
+            }
+            Err(e) => {
+                let (good, bad) = rest.split_at(e.valid_up_to());
+                key.extend(std::str::from_utf8(good).expect("valid prefix").chars().map(u32::from));
+                let n = e.error_len().unwrap_or(bad.len());
+                key.extend(bad[..n].iter().map(|&b| 0xDC00 + u32::from(b)));
+                rest = &bad[n..];
+            }
+        }
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn touch(path: &Path) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, b"x").unwrap();
+    }
+
+    fn rels(listing: &Listing) -> Vec<String> {
+        listing.samples.iter().map(|s| String::from_utf8_lossy(&s.rel_path).into_owned()).collect()
+    }
+
+    fn exts() -> Vec<String> {
+        crate::config::DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn orders_directories_by_full_path_like_sorted_os_walk() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        for p in ["b/z.jpg", "b/sub/deep/a.jpg", "b/sub.x/a.jpg", "b/sub/a.JPG", "a/B.png", "a/a.png", "a/.h.jpg"] {
+            touch(&r.join(p));
+        }
+        touch(&r.join("a/notes.txt"));
+        touch(&r.join("root.jpg"));
+        fs::create_dir_all(r.join("c_empty")).unwrap();
+        let listing = ImageFolder::new(r, &exts()).list().unwrap();
+        assert_eq!(listing.classes, ["a", "b", "c_empty"]);
+        assert_eq!(
+            rels(&listing),
+            ["a/.h.jpg", "a/B.png", "a/a.png", "b/z.jpg", "b/sub/a.JPG", "b/sub.x/a.jpg", "b/sub/deep/a.jpg"]
+                .map(String::from)
+        );
+        assert_eq!(listing.samples[3].class, 1);
+        assert_eq!(listing.empty_classes, ["c_empty"]);
+    }
+
+    #[test]
+    fn symlink_loops_are_reported_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        touch(&r.join("a/x/1.jpg"));
+        symlink(r.join("a"), r.join("a/x/loop")).unwrap();
+        let listing = ImageFolder::new(r, &exts()).list().unwrap();
+        assert_eq!(rels(&listing), ["a/x/1.jpg"]);
+        assert_eq!(listing.warnings.len(), 1);
+        assert!(listing.warnings[0].contains("symlink loop"), "{:?}", listing.warnings);
+    }
+
+    #[test]
+    fn python_key_orders_surrogates_after_bmp_ascii() {
+        let bad = OsStr::from_bytes(b"a\xffb");
+        assert_eq!(python_sort_key(bad), vec![97, 0xDCFF, 98]);
+        assert!(python_sort_key(OsStr::new("Z")) < python_sort_key(OsStr::new("a")));
+        assert!(python_sort_key(OsStr::new("é")) < python_sort_key(OsStr::new("日")));
+    }
+
+    #[test]
+    fn no_class_folders_is_an_error_naming_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        touch(&dir.path().join("x.jpg"));
+        let err = ImageFolder::new(dir.path(), &exts()).list().unwrap_err().to_string();
+        assert!(err.contains("has no class folders"), "{err}");
+    }
+}

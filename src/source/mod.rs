@@ -1,0 +1,45 @@
+//! Inputs: where samples come from.
+//!
+//! A source lists its samples once, in their final order, and loads each one's bytes on demand
+//! from any thread. Listing is separate from loading so the pipeline knows the total before it
+//! starts (for progress and map sizing) and can load in parallel while writing in order.
+
+pub mod imagefolder;
+
+use std::path::PathBuf;
+
+/// One sample as a source lists it, before its bytes are read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceSample {
+    /// Where to read it from.
+    pub path: PathBuf,
+    /// The path relative to the source root, as raw bytes with `/` separators.
+    pub rel_path: Vec<u8>,
+    /// Index into the source's class list.
+    pub class: u32,
+    /// Size in bytes when listed (0 if it could not be stat'ed).
+    pub size: u64,
+}
+
+/// A listed dataset: classes and samples in order, and what the listing noticed.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    /// Class names in class-index order.
+    pub classes: Vec<String>,
+    /// Samples in order.
+    pub samples: Vec<SourceSample>,
+    /// Classes that hold no sample; they keep their index.
+    pub empty_classes: Vec<String>,
+    /// Things worth telling the user that did not stop the listing (symlink loops,
+    /// unreadable directories).
+    pub warnings: Vec<String>,
+}
+
+/// An input format.
+pub trait Source: Sync {
+    /// Lists every sample, in order.
+    fn list(&self) -> crate::Result<Listing>;
+
+    /// Reads one sample's bytes.
+    fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>>;
+}
