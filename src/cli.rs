@@ -18,7 +18,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Pack an ImageFolder tree (root/<class>/<image>).
+    /// Pack an ImageFolder tree (SRC/CLASS/IMAGE).
     ///
     /// Classes are the sorted sub-directories of SRC; samples are the image files below each,
     /// in the exact order torchvision's ImageFolder uses, so sample i has the same file and
@@ -138,7 +138,8 @@ mod tests {
 
     #[test]
     fn seed_without_shuffle_is_refused() {
-        let err = Cli::try_parse_from(["pack", "imagefolder", "x", "--to", "lmdb", "-o", "y", "--seed", "3"]).unwrap_err();
+        let err = Cli::try_parse_from(["pack", "imagefolder", "x", "--to", "lmdb", "-o", "y", "--seed", "3"])
+            .unwrap_err();
         assert!(err.to_string().contains("--shuffle"), "{err}");
     }
 }

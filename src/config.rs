@@ -86,7 +86,8 @@ impl PackConfig {
         if !self.source.is_dir() {
             return Err(Error::BadSource {
                 path: self.source.clone(),
-                reason: "is not a directory; pass the root of an ImageFolder tree (root/<class>/<image>)".into(),
+                reason: "is not a directory; pass the root of an ImageFolder tree (root/<class>/<image>)"
+                    .into(),
             });
         }
         let (src, out) = (self.source.canonicalize().ok(), absolute(&self.output));

@@ -80,6 +80,15 @@ impl Staged {
     }
 }
 
+impl Drop for Staged {
+    /// A run that stops with an error removes its temporary; after [`Staged::publish`] there is
+    /// nothing left at the temporary path. (A killed process runs no destructor; the next run
+    /// clears what it left.)
+    fn drop(&mut self) {
+        let _ = remove_any(&self.temp);
+    }
+}
+
 fn parent_of(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -125,7 +134,9 @@ mod tests {
         let target = dir.path().join("out");
         let staged = Staged::create_dir(&target, false).unwrap();
         fs::write(staged.path().join("data"), b"partial").unwrap();
+        let temp = staged.path().to_path_buf();
         drop(staged);
         assert!(!target.exists());
+        assert!(!temp.exists(), "an abandoned temporary is removed");
     }
 }

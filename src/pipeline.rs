@@ -109,7 +109,8 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                 }
             }
             sink.write_batch(&batch)?;
-            bar.set_message(format!("{}/{} files", next, found));
+            let rate = next as f64 / started.elapsed().as_secs_f64().max(1e-3);
+            bar.set_message(format!("{next}/{found} files, {rate:.0} files/s"));
         }
         Ok(())
     });

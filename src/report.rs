@@ -97,7 +97,14 @@ impl fmt::Display for Report {
             writeln!(f, "  warnings  {} (listed above)", self.empty_classes.len() + self.warnings.len())?;
         }
         if !self.skipped.is_empty() {
-            writeln!(f, "  skipped   {} (packed + skipped = found: {} + {} = {})", self.skipped.len(), self.packed, self.skipped.len(), self.found)?;
+            writeln!(
+                f,
+                "  skipped   {} (packed + skipped = found: {} + {} = {})",
+                self.skipped.len(),
+                self.packed,
+                self.skipped.len(),
+                self.found
+            )?;
             for s in &self.skipped {
                 writeln!(f, "    {}: {}", s.path.display(), s.reason)?;
             }

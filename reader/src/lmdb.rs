@@ -60,18 +60,19 @@ impl LmdbDataset {
         }
         .map_err(lmdb_err)?;
         let txn = env.read_txn().map_err(lmdb_err)?;
-        let db: Database<Bytes, Bytes> = env
-            .open_database(&txn, None)
-            .map_err(lmdb_err)?
-            .ok_or_else(|| Error::NotADataset { path: path.to_path_buf(), reason: "no main database".into() })?;
+        let db: Database<Bytes, Bytes> =
+            env.open_database(&txn, None).map_err(lmdb_err)?.ok_or_else(|| Error::NotADataset {
+                path: path.to_path_buf(),
+                reason: "no main database".into(),
+            })?;
         let raw = db.get(&txn, META_KEY.as_bytes()).map_err(lmdb_err)?.ok_or_else(|| Error::NotADataset {
             path: path.to_path_buf(),
             reason: format!(
                 "no {META_KEY} record, so the run that wrote it did not finish; re-run `pack` with --overwrite"
             ),
         })?;
-        let meta: Meta =
-            serde_json::from_slice(raw).map_err(|source| Error::BadMeta { path: path.to_path_buf(), source })?;
+        let meta: Meta = serde_json::from_slice(raw)
+            .map_err(|source| Error::BadMeta { path: path.to_path_buf(), source })?;
         drop(txn);
         if meta.format != FORMAT_NAME || meta.version > FORMAT_VERSION {
             return Err(Error::NotADataset {
@@ -205,7 +206,8 @@ pub fn write_example(path: &Path) -> std::result::Result<(), Box<dyn std::error:
     let env = unsafe { EnvOpenOptions::new().map_size(1 << 20).open(path)? };
     let mut txn = env.write_txn()?;
     let db: Database<Bytes, Bytes> = env.create_database(&mut txn, None)?;
-    let samples = [("cat", "cat/tom.jpg", &b"\xFF\xD8\xFF\xE0"[..], "jpg"), ("dog", "dog/rex.png", b"\x89PNG", "png")];
+    let samples =
+        [("cat", "cat/tom.jpg", &b"\xFF\xD8\xFF\xE0"[..], "jpg"), ("dog", "dog/rex.png", b"\x89PNG", "png")];
     for (i, (class, rel, bytes, ext)) in samples.into_iter().enumerate() {
         let key = format_key(i as u64, 8);
         db.put(&mut txn, format!("{key}.cls").as_bytes(), i.to_string().as_bytes())?;

@@ -54,9 +54,7 @@ impl<'a> Sample<'a> {
 
     /// The image field: its format and bytes.
     pub fn image(&self) -> Option<(ImageFormat, &[u8])> {
-        self.fields
-            .iter()
-            .find_map(|f| ImageFormat::from_extension(&f.ext).map(|fmt| (fmt, &*f.data)))
+        self.fields.iter().find_map(|f| ImageFormat::from_extension(&f.ext).map(|fmt| (fmt, &*f.data)))
     }
 
     /// The class index from the `cls` field.

@@ -115,7 +115,8 @@ impl Sink for LmdbSink {
         // LMDB creates its files 0600; a dataset is meant to be shared, read-only.
         for file in ["data.mdb", "lock.mdb"] {
             let path = staged.path().join(file);
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).map_err(Error::io(&path))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
+                .map_err(Error::io(&path))?;
         }
         let path = staged.target().to_path_buf();
         staged.publish()?;
@@ -132,7 +133,9 @@ fn lmdb_error(path: &Path, source: heed::Error) -> Error {
         heed::Error::Io(e) if e.raw_os_error() == Some(28) => {
             "; the disk is full: free space or write the output to another disk with -o".to_string()
         }
-        heed::Error::Mdb(MdbError::Invalid) => "; the directory holds a damaged database: delete it".to_string(),
+        heed::Error::Mdb(MdbError::Invalid) => {
+            "; the directory holds a damaged database: delete it".to_string()
+        }
         _ => String::new(),
     };
     Error::Lmdb { path: path.to_path_buf(), source, hint }

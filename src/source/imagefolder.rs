@@ -214,7 +214,9 @@ mod tests {
     fn orders_directories_by_full_path_like_sorted_os_walk() {
         let dir = tempfile::tempdir().unwrap();
         let r = dir.path();
-        for p in ["b/z.jpg", "b/sub/deep/a.jpg", "b/sub.x/a.jpg", "b/sub/a.JPG", "a/B.png", "a/a.png", "a/.h.jpg"] {
+        for p in
+            ["b/z.jpg", "b/sub/deep/a.jpg", "b/sub.x/a.jpg", "b/sub/a.JPG", "a/B.png", "a/a.png", "a/.h.jpg"]
+        {
             touch(&r.join(p));
         }
         touch(&r.join("a/notes.txt"));

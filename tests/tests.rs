@@ -1,0 +1,7 @@
+//! Integration tests: run the real `pack` binary on temporary trees and read every output
+//! back, comparing bytes, labels and counts with the source.
+
+mod util;
+
+mod bad_input;
+mod lmdb_roundtrip;
