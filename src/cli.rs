@@ -3,9 +3,15 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use imgpack::config::{OnError, OutputFormat, PackConfig};
+use imgpack::config::{OnError, OutputFormat, PackConfig, SourceKind, DEFAULT_PREFIX};
+use imgpack::sink::webdataset::ShardLimits;
+use imgpack::size::ByteSize;
 
 /// Pack image datasets into few large files that training jobs read fast.
+///
+/// pack imagefolder SRC --to lmdb|webdataset -o OUT   packs an ImageFolder tree;
+/// pack SRC --to lmdb|webdataset|imagefolder -o OUT   does the same, or converts a dataset
+/// written by pack (detected from what is at SRC) into another format.
 ///
 /// Exit codes: 0 everything packed; 1 error, nothing published; 2 bad usage;
 /// 3 finished, but some files were skipped (listed in the summary).
@@ -24,14 +30,29 @@ pub enum Command {
     /// in the exact order torchvision's ImageFolder uses, so sample i has the same file and
     /// label as `ImageFolder(SRC).samples[i]`.
     ///
-    /// Example: pack imagefolder ./train --to lmdb -o train.lmdb
-    Imagefolder(ImagefolderArgs),
+    /// Example: pack imagefolder ./train --to webdataset -o shards/ --shard-size 1GB
+    Imagefolder(PackArgs),
+
+    /// Pack or convert SRC, detecting what it is (also reached as `pack SRC ...`).
+    ///
+    /// SRC is an LMDB or WebDataset output of pack (converted to --to), or else an ImageFolder tree.
+    ///
+    /// Example: pack train.lmdb --to webdataset -o shards/
+    #[command(hide = true)]
+    Convert(PackArgs),
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
+/// The subcommand names; anything else in first position is a source path (`pack SRC ...`).
+pub const SUBCOMMANDS: [&str; 3] = ["imagefolder", "convert", "help"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum To {
     /// An LMDB environment directory (data.mdb), read by key `{index:08}.{ext}`.
     Lmdb,
+    /// A directory of tar shards with DALI (.idx) and wids (shardindex.json) indexes.
+    Webdataset,
+    /// An ImageFolder tree: every sample back at its source path (unpacking).
+    Imagefolder,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -43,8 +64,9 @@ pub enum OnErrorArg {
 }
 
 #[derive(Debug, Args)]
-pub struct ImagefolderArgs {
-    /// The ImageFolder root: the directory that holds one folder per class.
+pub struct PackArgs {
+    /// The source: an ImageFolder root (the directory that holds one folder per class), or a
+    /// dataset written by pack.
     #[arg(value_name = "SRC")]
     pub source: PathBuf,
 
@@ -52,11 +74,26 @@ pub struct ImagefolderArgs {
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub to: To,
 
-    /// Where to write the output (for lmdb, a directory that must not exist yet).
+    /// Where to write the output: a directory that must not exist yet (see --overwrite).
     ///
     /// The output is written under a temporary name next to it and appears only when complete.
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub out: PathBuf,
+
+    /// Largest shard file, tar headers and end blocks included (webdataset) [default: 1GB].
+    ///
+    /// SI units are powers of 1000 (1GB = 10^9 bytes), IEC units powers of 1024 (512MiB).
+    /// A single sample larger than this gets a shard of its own, with a warning.
+    #[arg(long, value_name = "SIZE")]
+    pub shard_size: Option<ByteSize>,
+
+    /// At most N samples per shard (webdataset), in addition to --shard-size.
+    #[arg(long, value_name = "N")]
+    pub shard_samples: Option<u64>,
+
+    /// Shard file name prefix (webdataset): PREFIX-000000.tar, PREFIX-000001.tar, ... [default: shard]
+    #[arg(long, value_name = "NAME")]
+    pub prefix: Option<String>,
 
     /// Replace OUT if it exists (the old one stays until the new one is complete).
     #[arg(long)]
@@ -101,13 +138,34 @@ pub struct OutputArgs {
     pub json: bool,
 }
 
-impl ImagefolderArgs {
-    /// The validated-on-use library configuration.
-    pub fn to_config(&self) -> imgpack::Result<PackConfig> {
+impl PackArgs {
+    /// The library configuration; flags that do not apply to the chosen output are refused.
+    pub fn to_config(&self, source_kind: SourceKind) -> imgpack::Result<PackConfig> {
+        let shard_flags = [
+            ("--shard-size", self.shard_size.is_some()),
+            ("--shard-samples", self.shard_samples.is_some()),
+            ("--prefix", self.prefix.is_some()),
+        ];
+        if self.to != To::Webdataset {
+            if let Some((flag, _)) = shard_flags.iter().find(|(_, given)| *given) {
+                return Err(imgpack::Error::Usage(format!(
+                    "{flag} applies to --to webdataset only; drop it or pass --to webdataset"
+                )));
+            }
+        }
         let format = match self.to {
             To::Lmdb => OutputFormat::Lmdb,
+            To::Webdataset => OutputFormat::WebDataset {
+                prefix: self.prefix.clone().unwrap_or_else(|| DEFAULT_PREFIX.to_string()),
+                limits: ShardLimits {
+                    max_bytes: self.shard_size.map_or(1_000_000_000, |s| s.0),
+                    max_samples: self.shard_samples,
+                },
+            },
+            To::Imagefolder => OutputFormat::ImageFolder,
         };
         let mut config = PackConfig::new(&self.source, &self.out, format);
+        config.source_kind = source_kind;
         if let Some(threads) = self.threads {
             config.threads = threads;
         }
@@ -141,5 +199,58 @@ mod tests {
         let err = Cli::try_parse_from(["pack", "imagefolder", "x", "--to", "lmdb", "-o", "y", "--seed", "3"])
             .unwrap_err();
         assert!(err.to_string().contains("--shuffle"), "{err}");
+    }
+
+    #[test]
+    fn shard_flags_need_webdataset() {
+        let cli = Cli::try_parse_from([
+            "pack",
+            "imagefolder",
+            "x",
+            "--to",
+            "lmdb",
+            "-o",
+            "y",
+            "--shard-size",
+            "1GB",
+        ])
+        .unwrap();
+        let Command::Imagefolder(args) = cli.command else { panic!("imagefolder subcommand") };
+        let err = args.to_config(SourceKind::ImageFolder).unwrap_err().to_string();
+        assert_eq!(err, "--shard-size applies to --to webdataset only; drop it or pass --to webdataset");
+    }
+
+    #[test]
+    fn shard_size_parses_units() {
+        let cli = Cli::try_parse_from([
+            "pack",
+            "convert",
+            "x",
+            "--to",
+            "webdataset",
+            "-o",
+            "y",
+            "--shard-size",
+            "512MiB",
+        ])
+        .unwrap();
+        let Command::Convert(args) = cli.command else { panic!("convert subcommand") };
+        let config = args.to_config(SourceKind::Detect).unwrap();
+        let OutputFormat::WebDataset { limits, prefix } = config.format else { panic!("webdataset") };
+        assert_eq!((limits.max_bytes, prefix.as_str()), (512 << 20, "shard"));
+        let err = Cli::try_parse_from([
+            "pack",
+            "convert",
+            "x",
+            "--to",
+            "webdataset",
+            "-o",
+            "y",
+            "--shard-size",
+            "1XB",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("unknown unit"), "{err}");
     }
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
+use crate::sink::webdataset::ShardLimits;
 use crate::{Error, Result};
 
 /// The image extensions torchvision's `ImageFolder` accepts, which are ours by default.
@@ -21,17 +22,52 @@ pub enum OnError {
 }
 
 /// The output formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OutputFormat {
     /// An LMDB environment directory.
     Lmdb,
+    /// A directory of tar shards with their indexes.
+    WebDataset {
+        /// Shard file name prefix (`{prefix}-000000.tar`).
+        prefix: String,
+        /// When to start a new shard.
+        limits: ShardLimits,
+    },
+    /// An ImageFolder tree, each sample back at its source path.
+    ImageFolder,
 }
+
+impl OutputFormat {
+    /// The name used on the command line (`--to`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            OutputFormat::Lmdb => "lmdb",
+            OutputFormat::WebDataset { .. } => "webdataset",
+            OutputFormat::ImageFolder => "imagefolder",
+        }
+    }
+}
+
+/// What the source is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SourceKind {
+    /// Decide from what is at the path: a dataset written by `pack`, else an ImageFolder tree.
+    #[default]
+    Detect,
+    /// An ImageFolder tree, whatever it contains.
+    ImageFolder,
+}
+
+/// The default shard prefix.
+pub const DEFAULT_PREFIX: &str = "shard";
 
 /// Everything a `pack` run needs, checked.
 #[derive(Debug, Clone)]
 pub struct PackConfig {
-    /// The ImageFolder root.
+    /// The source: an ImageFolder root, or a dataset written by `pack`.
     pub source: PathBuf,
+    /// How to read the source.
+    pub source_kind: SourceKind,
     /// The output path.
     pub output: PathBuf,
     /// The output format.
@@ -53,6 +89,7 @@ impl PackConfig {
     pub fn new(source: impl Into<PathBuf>, output: impl Into<PathBuf>, format: OutputFormat) -> PackConfig {
         PackConfig {
             source: source.into(),
+            source_kind: SourceKind::Detect,
             output: output.into(),
             format,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -83,6 +120,22 @@ impl PackConfig {
         if self.threads == 0 {
             return Err(Error::Usage("--threads must be at least 1".into()));
         }
+        if let OutputFormat::WebDataset { prefix, limits } = &self.format {
+            if prefix.is_empty() || prefix.contains('/') || prefix.starts_with('.') || prefix.len() > 64 {
+                return Err(Error::Usage(format!(
+                    "--prefix {prefix:?}: use a plain file name prefix such as `shard` or `train` (no '/', not starting with '.', at most 64 bytes)"
+                )));
+            }
+            if limits.max_bytes < 4096 {
+                return Err(Error::Usage(format!(
+                    "--shard-size {} bytes is too small to hold a sample; use e.g. --shard-size 1GB",
+                    limits.max_bytes
+                )));
+            }
+            if limits.max_samples == Some(0) {
+                return Err(Error::Usage("--shard-samples must be at least 1".into()));
+            }
+        }
         if !self.source.is_dir() {
             return Err(Error::BadSource {
                 path: self.source.clone(),
@@ -106,13 +159,20 @@ impl PackConfig {
     /// The options that shape the output, as recorded in the dataset metadata. Thread count is
     /// left out on purpose: it does not change a byte of the output.
     pub fn recorded_options(&self) -> serde_json::Value {
-        json!({
+        let mut options = json!({
+            "to": self.format.name(),
             "mode": "passthrough",
             "shuffle": self.shuffle.is_some(),
             "seed": self.shuffle,
             "extensions": self.extensions,
             "on_error": match self.on_error { OnError::Skip => "skip", OnError::Fail => "fail" },
-        })
+        });
+        if let OutputFormat::WebDataset { prefix, limits } = &self.format {
+            options["prefix"] = json!(prefix);
+            options["shard_size"] = json!(limits.max_bytes);
+            options["shard_samples"] = json!(limits.max_samples);
+        }
+        options
     }
 }
 

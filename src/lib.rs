@@ -18,6 +18,7 @@ pub mod pipeline;
 pub mod report;
 mod shuffle;
 pub mod sink;
+pub mod size;
 pub mod source;
 pub mod transcode;
 

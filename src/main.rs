@@ -10,12 +10,13 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use cli::{Cli, Command};
+use imgpack::config::SourceKind;
 
 /// Exit code for a run stopped by an error.
 const EXIT_ERROR: u8 = 1;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(with_implicit_subcommand(std::env::args_os().collect()));
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
@@ -34,10 +35,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// `pack SRC --to ...` is `pack convert SRC --to ...`: a first argument that is neither a
+/// subcommand nor a flag is a source path.
+fn with_implicit_subcommand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let is_source = args.get(1).is_some_and(|first| {
+        let text = first.to_string_lossy();
+        !text.starts_with('-') && !cli::SUBCOMMANDS.contains(&text.as_ref())
+    });
+    if is_source {
+        args.insert(1, "convert".into());
+    }
+    args
+}
+
 fn run(cli: Cli) -> imgpack::Result<u8> {
+    let (args, kind) = match &cli.command {
+        Command::Imagefolder(args) => (args, SourceKind::ImageFolder),
+        Command::Convert(args) => (args, SourceKind::Detect),
+    };
     match cli.command {
-        Command::Imagefolder(args) => {
-            let config = args.to_config()?;
+        Command::Imagefolder(_) | Command::Convert(_) => {
+            let config = args.to_config(kind)?;
             let bar = progress_bar(args.output.quiet);
             let report = imgpack::pipeline::pack(&config, &bar)?;
             for line in report.warning_lines() {

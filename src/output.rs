@@ -55,16 +55,10 @@ impl Staged {
         &self.target
     }
 
-    /// Syncs every file in the temporary directory, renames it to the target (replacing an
-    /// old one) and syncs the parent directory so the rename itself is durable.
+    /// Syncs every file and directory below the temporary directory, renames it to the target
+    /// (replacing an old one) and syncs the parent directory so the rename itself is durable.
     pub fn publish(self) -> Result<()> {
-        for entry in fs::read_dir(&self.temp).map_err(Error::io(&self.temp))? {
-            let path = entry.map_err(Error::io(&self.temp))?.path();
-            if path.is_file() {
-                sync_file(&path)?;
-            }
-        }
-        sync_file(&self.temp)?;
+        sync_tree(&self.temp)?;
         if self.overwrite && self.target.symlink_metadata().is_ok() {
             let mut old = self.temp.clone().into_os_string();
             old.push("-old");
@@ -94,6 +88,20 @@ fn parent_of(path: &Path) -> PathBuf {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     }
+}
+
+/// Syncs a directory, and everything below it, to disk.
+fn sync_tree(dir: &Path) -> Result<()> {
+    for entry in fs::read_dir(dir).map_err(Error::io(dir))? {
+        let entry = entry.map_err(Error::io(dir))?;
+        let path = entry.path();
+        if entry.file_type().map_err(Error::io(&path))?.is_dir() {
+            sync_tree(&path)?;
+        } else {
+            sync_file(&path)?;
+        }
+    }
+    sync_file(dir)
 }
 
 fn sync_file(path: &Path) -> Result<()> {

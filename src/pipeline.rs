@@ -12,15 +12,17 @@ use std::time::Instant;
 
 use imgpack_reader::format::{CLS_FIELD, JSON_FIELD};
 use imgpack_reader::key::{format_key, key_width};
-use imgpack_reader::lmdb::FORMAT_NAME;
 use imgpack_reader::{Meta, SampleInfo, SourceInfo, FORMAT_VERSION};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
 
-use crate::config::{OnError, OutputFormat, PackConfig};
+use crate::config::{OnError, OutputFormat, PackConfig, SourceKind};
 use crate::report::{Report, Skipped};
+use crate::sink::imagefolder::{safe_relative, ImageFolderSink};
 use crate::sink::lmdb::LmdbSink;
+use crate::sink::webdataset::WebDatasetSink;
 use crate::sink::{PackedSample, Sink};
+use crate::source::dataset::{is_packed, PackedDataset};
 use crate::source::imagefolder::ImageFolder;
 use crate::source::{Source, SourceSample};
 use crate::transcode::{self, Image};
@@ -36,8 +38,15 @@ const CHUNK_SAMPLES: usize = 1024;
 pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     let started = Instant::now();
     config.validate()?;
-    let source = ImageFolder::new(&config.source, &config.extensions);
-    bar.set_message("listing files");
+    let (source, source_kind): (Box<dyn Source>, &str) =
+        if config.source_kind == SourceKind::Detect && is_packed(&config.source) {
+            let packed = PackedDataset::open(&config.source)?;
+            let kind = packed.kind();
+            (Box::new(packed), kind)
+        } else {
+            (Box::new(ImageFolder::new(&config.source, &config.extensions)), "imagefolder")
+        };
+    bar.set_message("listing samples");
     let mut listing = source.list()?;
     if listing.samples.is_empty() {
         return Err(Error::BadSource {
@@ -56,9 +65,16 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     let width = key_width(found);
     bar.set_length(total_bytes);
 
-    let mut sink: Box<dyn Sink> = match config.format {
+    let mut sink: Box<dyn Sink> = match &config.format {
         OutputFormat::Lmdb => Box::new(LmdbSink::create(&config.output, config.overwrite, total_bytes)?),
+        OutputFormat::WebDataset { prefix, limits } => {
+            Box::new(WebDatasetSink::create(&config.output, config.overwrite, prefix, *limits)?)
+        }
+        OutputFormat::ImageFolder => {
+            Box::new(ImageFolderSink::create(&config.output, config.overwrite, &listing.classes)?)
+        }
     };
+    let unpacking = config.format == OutputFormat::ImageFolder;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(config.threads)
         .thread_name(|i| format!("imgpack-load-{i}"))
@@ -77,10 +93,11 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     let (tx, rx) = mpsc::sync_channel::<Vec<Result<Image, String>>>(1);
     let written = std::thread::scope(|scope| -> Result<()> {
         let samples = &listing.samples;
-        let source = &source;
+        let source = &*source;
         scope.spawn(move || {
             for range in chunks {
-                let loaded = pool.install(|| samples[range].par_iter().map(|s| load(source, s)).collect());
+                let loaded =
+                    pool.install(|| samples[range].par_iter().map(|s| load(source, s, unpacking)).collect());
                 if tx.send(loaded).is_err() {
                     return; // the writer stopped
                 }
@@ -119,28 +136,39 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     let mut fields: Vec<String> = report.formats.keys().cloned().collect();
     fields.extend([CLS_FIELD.to_string(), JSON_FIELD.to_string()]);
     fields.sort();
+    let format = match &config.format {
+        OutputFormat::Lmdb => imgpack_reader::lmdb::FORMAT_NAME,
+        OutputFormat::WebDataset { .. } => imgpack_reader::webdataset::FORMAT_NAME,
+        OutputFormat::ImageFolder => "imagefolder",
+    };
     let meta = Meta {
-        format: FORMAT_NAME.into(),
+        format: format.into(),
         version: FORMAT_VERSION,
         samples: report.packed,
         key_width: width,
         classes: listing.classes.clone(),
         fields,
-        source: SourceInfo { kind: "imagefolder".into(), root: config.source.to_string_lossy().into_owned() },
+        source: SourceInfo { kind: source_kind.into(), root: config.source.to_string_lossy().into_owned() },
         options: config.recorded_options(),
         tool: crate::TOOL.into(),
+        shards: Vec::new(),
     };
     bar.set_message("syncing to disk");
     let finished = sink.finish(&meta)?;
     bar.finish_and_clear();
     report.output = finished.path;
     report.bytes_out = finished.bytes;
+    report.warnings.extend(finished.warnings);
     report.set_elapsed(started.elapsed().as_secs_f64());
     Ok(report)
 }
 
-/// Reads and checks one sample; the error is the reason it is skipped.
-fn load(source: &dyn Source, sample: &SourceSample) -> Result<Image, String> {
+/// Reads and checks one sample; the error is the reason it is skipped. When unpacking to a
+/// tree, a sample whose recorded path would land outside the tree is refused here.
+fn load(source: &dyn Source, sample: &SourceSample, unpacking: bool) -> Result<Image, String> {
+    if unpacking {
+        safe_relative(&sample.rel_path)?;
+    }
     let bytes = source.load(sample).map_err(|e| {
         let dangling = sample.path.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink())
             && e.kind() == std::io::ErrorKind::NotFound;
@@ -197,7 +225,7 @@ mod tests {
     use std::path::PathBuf;
 
     fn sample(size: u64) -> SourceSample {
-        SourceSample { path: PathBuf::new(), rel_path: vec![], class: 0, size }
+        SourceSample { index: 0, path: PathBuf::new(), rel_path: vec![], class: 0, size }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use crate::lmdb::LmdbDataset;
+use crate::webdataset::{WebDataset, META_FILE};
 use crate::{Error, Meta, Result, Sample};
 
 /// A dataset in any format `pack` writes.
@@ -11,20 +12,45 @@ use crate::{Error, Meta, Result, Sample};
 pub enum Dataset {
     /// An LMDB environment directory.
     Lmdb(LmdbDataset),
+    /// A directory of WebDataset tar shards.
+    WebDataset(WebDataset),
+}
+
+/// What kind of dataset, if any, is at a path, judged from the files present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A directory holding `data.mdb`.
+    Lmdb,
+    /// A directory holding `imgpack.json`.
+    WebDataset,
+}
+
+/// Tells which format the dataset at `path` is in, without opening it.
+pub fn detect(path: &Path) -> Option<Kind> {
+    if path.join("data.mdb").is_file() {
+        Some(Kind::Lmdb)
+    } else if path.join(META_FILE).is_file() {
+        Some(Kind::WebDataset)
+    } else {
+        None
+    }
 }
 
 /// Opens the dataset at `path`, detecting its format.
 pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
     let path = path.as_ref();
-    if path.join("data.mdb").is_file() {
-        return LmdbDataset::open(path).map(Dataset::Lmdb);
+    match detect(path) {
+        Some(Kind::Lmdb) => LmdbDataset::open(path).map(Dataset::Lmdb),
+        Some(Kind::WebDataset) => WebDataset::open(path).map(Dataset::WebDataset),
+        None => {
+            let reason = if path.exists() {
+                "neither data.mdb (LMDB) nor imgpack.json (WebDataset) inside; pass a directory written by `pack -o`"
+            } else {
+                "no such file or directory"
+            };
+            Err(Error::NotADataset { path: path.to_path_buf(), reason: reason.into() })
+        }
     }
-    let reason = if path.exists() {
-        "no data.mdb inside; expected a directory written by `pack --to lmdb -o`"
-    } else {
-        "no such file or directory"
-    };
-    Err(Error::NotADataset { path: path.to_path_buf(), reason: reason.into() })
 }
 
 impl Dataset {
@@ -32,6 +58,15 @@ impl Dataset {
     pub fn meta(&self) -> &Meta {
         match self {
             Dataset::Lmdb(d) => d.meta(),
+            Dataset::WebDataset(d) => d.meta(),
+        }
+    }
+
+    /// The dataset path.
+    pub fn path(&self) -> &Path {
+        match self {
+            Dataset::Lmdb(d) => d.path(),
+            Dataset::WebDataset(d) => d.path(),
         }
     }
 
@@ -50,17 +85,35 @@ impl Dataset {
         &self.meta().classes
     }
 
-    /// Sample `index`, owning its bytes.
-    pub fn get(&self, index: u64) -> Result<Sample<'static>> {
+    /// Sample `index`. From a WebDataset its bytes point into the shard's memory map; from
+    /// LMDB they are copied out of the map (use [`LmdbDataset::snapshot`] to avoid that).
+    pub fn get(&self, index: u64) -> Result<Sample<'_>> {
         match self {
             Dataset::Lmdb(d) => d.get(index),
+            Dataset::WebDataset(d) => d.get(index),
         }
     }
 
     /// Every sample in index order.
-    pub fn iter(&self) -> Result<Box<dyn Iterator<Item = Result<Sample<'static>>> + '_>> {
+    pub fn iter(&self) -> Result<Box<dyn Iterator<Item = Result<Sample<'_>>> + '_>> {
         match self {
-            Dataset::Lmdb(d) => Ok(Box::new(d.iter()?)),
+            // The map only shortens the item lifetime from 'static to '_, which a trait
+            // object's item type cannot do by itself.
+            #[allow(clippy::map_identity)]
+            Dataset::Lmdb(d) => Ok(Box::new(d.iter()?.map(|sample| -> Result<Sample<'_>> { sample }))),
+            Dataset::WebDataset(d) => Ok(Box::new(d.iter())),
+        }
+    }
+
+    /// Calls `visit` with every sample in order, without copying any bytes: a cheap way to
+    /// look at every sample's small fields.
+    pub fn scan(&self, mut visit: impl FnMut(&Sample<'_>) -> Result<()>) -> Result<()> {
+        match self {
+            Dataset::Lmdb(d) => {
+                let snapshot = d.snapshot()?;
+                (0..d.len()).try_for_each(|i| visit(&snapshot.get(i)?))
+            }
+            Dataset::WebDataset(d) => (0..d.len()).try_for_each(|i| visit(&d.get(i)?)),
         }
     }
 }

@@ -36,9 +36,10 @@ pub mod key;
 pub mod lmdb;
 mod meta;
 mod sample;
+pub mod webdataset;
 
-pub use dataset::{open, Dataset};
+pub use dataset::{detect, open, Dataset, Kind};
 pub use error::{Error, Result};
 pub use format::ImageFormat;
-pub use meta::{Meta, SourceInfo, FORMAT_VERSION};
+pub use meta::{Meta, ShardInfo, SourceInfo, FORMAT_VERSION};
 pub use sample::{Field, Sample, SampleInfo};

@@ -225,6 +225,7 @@ pub fn write_example(path: &Path) -> std::result::Result<(), Box<dyn std::error:
         source: crate::SourceInfo { kind: "imagefolder".into(), root: "train".into() },
         options: serde_json::json!({}),
         tool: "example".into(),
+        shards: Vec::new(),
     };
     db.put(&mut txn, META_KEY.as_bytes(), &serde_json::to_vec(&meta)?)?;
     txn.commit()?;

@@ -30,6 +30,24 @@ pub struct Meta {
     pub options: serde_json::Value,
     /// The tool and version that wrote the dataset, e.g. `imgpack 0.1.0`.
     pub tool: String,
+    /// WebDataset outputs only: the shards in order, with the samples each holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardInfo>,
+}
+
+/// One shard of a WebDataset output, as listed in its metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// The shard's file name, relative to the dataset directory, e.g. `shard-000000.tar`.
+    pub name: String,
+    /// The index of its first sample.
+    pub first: u64,
+    /// How many samples it holds (samples `first .. first + samples`).
+    pub samples: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// The MD5 of the whole file, lower-case hex (as `wids` records it).
+    pub md5: String,
 }
 
 /// Where a dataset's samples came from.

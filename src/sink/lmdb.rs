@@ -120,7 +120,7 @@ impl Sink for LmdbSink {
         }
         let path = staged.target().to_path_buf();
         staged.publish()?;
-        Ok(Finished { path, bytes })
+        Ok(Finished { path, bytes, warnings: Vec::new() })
     }
 }
 
@@ -158,6 +158,7 @@ mod tests {
             source: SourceInfo { kind: "test".into(), root: "x".into() },
             options: serde_json::json!({}),
             tool: crate::TOOL.into(),
+            shards: Vec::new(),
         }
     }
 

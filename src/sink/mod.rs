@@ -6,7 +6,9 @@
 //! temporary that no reader mistakes for a dataset (tar-rs's `Builder::finish` and zstd's
 //! "don't forget to call finish()" are the same contract).
 
+pub mod imagefolder;
 pub mod lmdb;
+pub mod webdataset;
 
 use std::path::PathBuf;
 
@@ -37,6 +39,8 @@ pub struct Finished {
     pub path: PathBuf,
     /// Bytes the output occupies.
     pub bytes: u64,
+    /// Things the sink noticed that the user should know (e.g. an oversized sample).
+    pub warnings: Vec<String>,
 }
 
 /// An output format.

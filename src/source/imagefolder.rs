@@ -107,7 +107,7 @@ impl ImageFolder {
                     rel_path.extend_from_slice(&d.rel);
                     rel_path.push(b'/');
                     rel_path.extend_from_slice(name.as_bytes());
-                    SourceSample { path, rel_path, class, size }
+                    SourceSample { index: 0, path, rel_path, class, size }
                 })
             })
             .collect();
@@ -160,6 +160,9 @@ impl Source for ImageFolder {
             }
             listing.samples.extend(samples);
             listing.warnings.extend(warnings);
+        }
+        for (i, sample) in listing.samples.iter_mut().enumerate() {
+            sample.index = i as u64;
         }
         Ok(listing)
     }

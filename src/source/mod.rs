@@ -4,6 +4,7 @@
 //! from any thread. Listing is separate from loading so the pipeline knows the total before it
 //! starts (for progress and map sizing) and can load in parallel while writing in order.
 
+pub mod dataset;
 pub mod imagefolder;
 
 use std::path::PathBuf;
@@ -11,7 +12,9 @@ use std::path::PathBuf;
 /// One sample as a source lists it, before its bytes are read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceSample {
-    /// Where to read it from.
+    /// Its position in the source, before any shuffle.
+    pub index: u64,
+    /// Where it is read from, as named in messages (for a packed dataset, `DATASET/KEY`).
     pub path: PathBuf,
     /// The path relative to the source root, as raw bytes with `/` separators.
     pub rel_path: Vec<u8>,

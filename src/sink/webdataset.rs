@@ -1,0 +1,336 @@
+//! The WebDataset sink: tar shards with their DALI and `wids` indexes, written in one pass.
+//! Layout: see [`imgpack_reader::webdataset`].
+//!
+//! Offsets are known while writing, so every index is produced as the shards are written — no
+//! second pass over the data. Each shard is written to its final name inside the staged output
+//! directory; its MD5 (for `wids`) is computed on the bytes as they go out. When a shard is
+//! complete it is handed to a background thread that `fsync`s it while the next shard is being
+//! written, so the final sync before publishing has little left to do.
+
+use std::fs::File;
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use imgpack_reader::webdataset::{
+    dali_index_file_name, dali_index_header, dali_index_line, encode_index_header, member_len,
+    shard_file_name, DaliComponent, IndexEntry, WidsIndex, WidsShard, BLOCK, END_OF_ARCHIVE, MAX_NAME,
+    META_FILE, SAMPLE_INDEX_FILE, WIDS_INDEX_FILE,
+};
+use imgpack_reader::{Meta, ShardInfo};
+use md5::{Digest, Md5};
+
+use super::{Finished, PackedSample, Sink};
+use crate::output::Staged;
+use crate::{Error, Result};
+
+/// When to start a new shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardLimits {
+    /// No shard file grows past this many bytes, headers and end blocks included, unless a
+    /// single sample alone is larger.
+    pub max_bytes: u64,
+    /// At most this many samples per shard.
+    pub max_samples: Option<u64>,
+}
+
+impl ShardLimits {
+    /// Whether a sample taking `sample_bytes` of tar fits in a shard already holding
+    /// `samples` samples in `bytes` bytes (end blocks not counted yet).
+    pub fn fits(&self, bytes: u64, samples: u64, sample_bytes: u64) -> bool {
+        samples == 0
+            || (bytes + sample_bytes + END_OF_ARCHIVE <= self.max_bytes
+                && self.max_samples.is_none_or(|max| samples < max))
+    }
+}
+
+/// Writes a directory of tar shards and their indexes.
+pub struct WebDatasetSink {
+    staged: Staged,
+    prefix: String,
+    limits: ShardLimits,
+    shard: Option<ShardWriter>,
+    shards: Vec<ShardInfo>,
+    index: Option<BufWriter<File>>,
+    samples: u64,
+    warnings: Vec<String>,
+    syncer: Syncer,
+}
+
+struct ShardWriter {
+    number: usize,
+    path: PathBuf,
+    file: BufWriter<File>,
+    md5: Md5,
+    bytes: u64,
+    first: u64,
+    samples: u64,
+    dali: String,
+}
+
+impl WebDatasetSink {
+    /// Starts a WebDataset output in directory `target`.
+    pub fn create(
+        target: &Path,
+        overwrite: bool,
+        prefix: &str,
+        limits: ShardLimits,
+    ) -> Result<WebDatasetSink> {
+        let staged = Staged::create_dir(target, overwrite)?;
+        let index_path = staged.path().join(SAMPLE_INDEX_FILE);
+        let mut index = BufWriter::new(File::create(&index_path).map_err(Error::io(&index_path))?);
+        index.write_all(&encode_index_header(0)).map_err(Error::io(&index_path))?;
+        Ok(WebDatasetSink {
+            staged,
+            prefix: prefix.to_string(),
+            limits,
+            shard: None,
+            shards: Vec::new(),
+            index: Some(index),
+            samples: 0,
+            warnings: Vec::new(),
+            syncer: Syncer::start(),
+        })
+    }
+
+    fn write_sample(&mut self, sample: &PackedSample) -> Result<()> {
+        let sample_bytes: u64 = sample.fields.iter().map(|(_, data)| member_len(data.len() as u64)).sum();
+        let fits = self.shard.as_ref().is_none_or(|s| self.limits.fits(s.bytes, s.samples, sample_bytes));
+        if !fits {
+            self.close_shard()?;
+        }
+        if self.shard.is_none() {
+            self.open_shard()?;
+        }
+        if sample_bytes + END_OF_ARCHIVE > self.limits.max_bytes {
+            self.warnings.push(format!(
+                "sample {} takes {sample_bytes} bytes of tar, more than --shard-size {}; it has a shard of its own",
+                sample.key, self.limits.max_bytes
+            ));
+        }
+        let shard = self.shard.as_mut().expect("opened above");
+        let start = shard.bytes;
+        let mut components = Vec::with_capacity(sample.fields.len());
+        for (ext, data) in &sample.fields {
+            let name = format!("{}.{ext}", sample.key);
+            let header = ustar_header(&name, data.len() as u64)
+                .map_err(|reason| Error::Usage(format!("sample {}: {reason}", sample.key)))?;
+            components.push(DaliComponent {
+                ext: ext.clone(),
+                offset: shard.bytes + BLOCK,
+                size: data.len() as u64,
+                name,
+            });
+            shard.write(&header)?;
+            shard.write(data)?;
+            let padding = (BLOCK - data.len() as u64 % BLOCK) % BLOCK;
+            shard.write(&[0u8; BLOCK as usize][..padding as usize])?;
+        }
+        shard.dali.push_str(&dali_index_line(&components));
+        shard.samples += 1;
+        let entry = IndexEntry { offset: start, len: shard.bytes - start, shard: shard.number as u32 };
+        let index = self.index.as_mut().expect("open until finish");
+        index
+            .write_all(&entry.encode())
+            .map_err(|e| Error::io(self.staged.path().join(SAMPLE_INDEX_FILE))(e))?;
+        self.samples += 1;
+        Ok(())
+    }
+
+    fn open_shard(&mut self) -> Result<()> {
+        let number = self.shards.len();
+        let path = self.staged.path().join(shard_file_name(&self.prefix, number));
+        let file = File::create(&path).map_err(Error::io(&path))?;
+        self.shard = Some(ShardWriter {
+            number,
+            path,
+            file: BufWriter::with_capacity(1 << 20, file),
+            md5: Md5::new(),
+            bytes: 0,
+            first: self.samples,
+            samples: 0,
+            dali: dali_index_header(0),
+        });
+        Ok(())
+    }
+
+    /// Ends the current shard: end blocks, DALI index, shard record; hands it to the syncer.
+    fn close_shard(&mut self) -> Result<()> {
+        let Some(mut shard) = self.shard.take() else { return Ok(()) };
+        shard.write(&[0u8; END_OF_ARCHIVE as usize])?;
+        let file = shard
+            .file
+            .into_inner()
+            .map_err(|e| Error::Io { path: shard.path.clone(), source: e.into_error() })?;
+        let name = shard_file_name(&self.prefix, shard.number);
+        let dali_path = self.staged.path().join(dali_index_file_name(&self.prefix, shard.number));
+        // The header line was written for 0 samples; replace it now that the count is known.
+        let lines = shard.dali.split_once('\n').map_or("", |(_, rest)| rest);
+        let dali = dali_index_header(shard.samples) + lines;
+        std::fs::write(&dali_path, dali).map_err(Error::io(&dali_path))?;
+        self.shards.push(ShardInfo {
+            name,
+            first: shard.first,
+            samples: shard.samples,
+            bytes: shard.bytes,
+            md5: hex(&shard.md5.finalize()),
+        });
+        self.syncer.sync(file, shard.path);
+        Ok(())
+    }
+}
+
+impl ShardWriter {
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        self.md5.update(bytes);
+        self.file.write_all(bytes).map_err(Error::io(&self.path))?;
+        self.bytes += bytes.len() as u64;
+        Ok(())
+    }
+}
+
+impl Sink for WebDatasetSink {
+    fn write_batch(&mut self, batch: &[PackedSample]) -> Result<()> {
+        batch.iter().try_for_each(|sample| self.write_sample(sample))
+    }
+
+    fn finish(mut self: Box<Self>, meta: &Meta) -> Result<Finished> {
+        self.close_shard()?;
+        let dir = self.staged.path().to_path_buf();
+        let index_path = dir.join(SAMPLE_INDEX_FILE);
+        let mut index = (self.index.take().expect("open until finish"))
+            .into_inner()
+            .map_err(|e| Error::Io { path: index_path.clone(), source: e.into_error() })?;
+        index.seek(SeekFrom::Start(0)).map_err(Error::io(&index_path))?;
+        index.write_all(&encode_index_header(self.samples)).map_err(Error::io(&index_path))?;
+        drop(index);
+
+        let wids = WidsIndex {
+            kind: "wids-shard-index-v1".into(),
+            wids_version: 1,
+            shardlist: self
+                .shards
+                .iter()
+                .map(|s| WidsShard {
+                    url: s.name.clone(),
+                    nsamples: s.samples,
+                    filesize: s.bytes,
+                    md5sum: s.md5.clone(),
+                })
+                .collect(),
+        };
+        write_json(&dir.join(WIDS_INDEX_FILE), &wids)?;
+        let mut meta = meta.clone();
+        meta.shards = self.shards.clone();
+        write_json(&dir.join(META_FILE), &meta)?;
+        self.syncer.finish()?;
+        let bytes = self.shards.iter().map(|s| s.bytes).sum();
+        let WebDatasetSink { staged, warnings, .. } = *self;
+        let path = staged.target().to_path_buf();
+        staged.publish()?;
+        Ok(Finished { path, bytes, warnings })
+    }
+}
+
+fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(value).expect("serialises");
+    text.push('\n');
+    std::fs::write(path, text).map_err(Error::io(path))
+}
+
+/// A ustar header for a regular file: deterministic (mtime 0, uid/gid 0, mode 0644, no names).
+fn ustar_header(name: &str, size: u64) -> std::result::Result<[u8; 512], String> {
+    if name.len() > MAX_NAME {
+        return Err(format!("member name {name:?} is longer than {MAX_NAME} bytes"));
+    }
+    let mut header = tar::Header::new_ustar();
+    header.set_path(name).map_err(|e| format!("member name {name:?}: {e}"))?;
+    header.set_size(size);
+    header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_cksum();
+    Ok(*header.as_bytes())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Syncs finished shards on a background thread, so their writeback overlaps with writing the
+/// next shard.
+struct Syncer {
+    tx: Option<mpsc::Sender<(File, PathBuf)>>,
+    handle: Option<JoinHandle<Result<()>>>,
+}
+
+impl Syncer {
+    fn start() -> Syncer {
+        let (tx, rx) = mpsc::channel::<(File, PathBuf)>();
+        let handle = std::thread::Builder::new()
+            .name("imgpack-sync".into())
+            .spawn(move || {
+                for (file, path) in rx {
+                    file.sync_all().map_err(Error::io(&path))?;
+                }
+                Ok(())
+            })
+            .expect("spawn sync thread");
+        Syncer { tx: Some(tx), handle: Some(handle) }
+    }
+
+    fn sync(&self, file: File, path: PathBuf) {
+        if let Some(tx) = &self.tx {
+            // If the thread has stopped on an error, `finish` reports it.
+            let _ = tx.send((file, path));
+        }
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        drop(self.tx.take());
+        match self.handle.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(Error::Usage("the shard sync thread panicked".into())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_rollover_counts_headers_and_end_blocks() {
+        let limits = ShardLimits { max_bytes: 10 * 512, max_samples: None };
+        // An empty shard takes any sample, however large.
+        assert!(limits.fits(0, 0, 1 << 30));
+        // 6 blocks used + 2 for the sample + 2 end blocks = 10: fits exactly.
+        assert!(limits.fits(6 * 512, 3, 2 * 512));
+        assert!(!limits.fits(6 * 512, 3, 3 * 512));
+        let counted = ShardLimits { max_bytes: u64::MAX, max_samples: Some(2) };
+        assert!(counted.fits(0, 1, 512));
+        assert!(!counted.fits(0, 2, 512));
+    }
+
+    #[test]
+    fn headers_are_deterministic_ustar() {
+        let h = ustar_header("00000042.jpg", 1234).unwrap();
+        assert_eq!(&h[..12], b"00000042.jpg");
+        assert_eq!(&h[257..263], b"ustar\0");
+        assert_eq!(h, ustar_header("00000042.jpg", 1234).unwrap());
+        let buf = [&h[..], &[0u8; 1536]].concat();
+        let parsed = imgpack_reader::webdataset::parse_member(&buf, 0).unwrap();
+        assert_eq!((parsed.name, parsed.data.len()), ("00000042.jpg", 1234));
+        assert!(ustar_header(&"x".repeat(101), 1).is_err());
+    }
+}
