@@ -14,6 +14,8 @@ use imgpack::config::SourceKind;
 
 /// Exit code for a run stopped by an error.
 const EXIT_ERROR: u8 = 1;
+/// Exit code for a command line that cannot work (as clap uses for parse errors).
+const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse_from(with_implicit_subcommand(std::env::args_os().collect()));
@@ -30,7 +32,7 @@ fn main() -> ExitCode {
                 source = cause.source();
             }
             eprintln!("{message}");
-            ExitCode::from(EXIT_ERROR)
+            ExitCode::from(if matches!(err, imgpack::Error::Usage(_)) { EXIT_USAGE } else { EXIT_ERROR })
         }
     }
 }

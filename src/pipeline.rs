@@ -49,13 +49,15 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     bar.set_message("listing samples");
     let mut listing = source.list()?;
     if listing.samples.is_empty() {
-        return Err(Error::BadSource {
-            path: config.source.clone(),
-            reason: format!(
+        let reason = if source_kind == "imagefolder" {
+            format!(
                 "no files with extensions {} found in its class folders; pass --extensions to accept others",
                 config.extensions.join(",")
-            ),
-        });
+            )
+        } else {
+            "the dataset holds no samples; nothing to convert".to_string()
+        };
+        return Err(Error::BadSource { path: config.source.clone(), reason });
     }
     if let Some(seed) = config.shuffle {
         crate::shuffle::shuffle(&mut listing.samples, seed);

@@ -4,4 +4,6 @@
 mod util;
 
 mod bad_input;
+mod convert;
 mod lmdb_roundtrip;
+mod webdataset;
