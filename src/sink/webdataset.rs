@@ -105,8 +105,10 @@ impl WebDatasetSink {
         }
         if sample_bytes + END_OF_ARCHIVE > self.limits.max_bytes {
             self.warnings.push(format!(
-                "sample {} takes {sample_bytes} bytes of tar, more than --shard-size {}; it has a shard of its own",
-                sample.key, self.limits.max_bytes
+                "sample {} needs {} bytes of tar with the end-of-archive blocks, more than --shard-size {}; it has a shard of its own",
+                sample.key,
+                sample_bytes + END_OF_ARCHIVE,
+                self.limits.max_bytes
             ));
         }
         let shard = self.shard.as_mut().expect("opened above");
