@@ -82,7 +82,7 @@ fn progress_bar(quiet: bool) -> ProgressBar {
     }
     let bar = ProgressBar::new(0);
     let style = ProgressStyle::with_template(
-        "{spinner} {elapsed_precise} [{wide_bar}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
+        "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} files {per_sec} {msg} ETA {eta}",
     )
     .expect("valid template")
     .progress_chars("=> ");

@@ -1,8 +1,9 @@
 //! The packing pipeline: list, load and check in parallel, write in order, publish.
 //!
-//! Samples are listed once and cut into chunks bounded by count and by bytes. A loader thread
-//! reads and checks each chunk on the worker pool (`--threads`) and hands it over a channel
-//! that holds at most one chunk; the calling thread writes chunks in order to the sink. So the
+//! Samples are listed once and cut into chunks of about [`CHUNK_BYTES`] (sizes are learnt as
+//! files are read, since listing does not `stat` them). A loader thread reads and checks each
+//! chunk on the worker pool (`--threads`) and hands it over a channel that holds at most one
+//! chunk; the calling thread writes chunks in order to the sink. So the
 //! disk is read and written at the same time, the output is the same whatever the thread count,
 //! and at most three chunks (one loading, one queued, one writing) are in memory at once,
 //! whatever the dataset size.
@@ -28,7 +29,7 @@ use crate::source::{Source, SourceSample};
 use crate::transcode::{self, Image};
 use crate::{Error, Result};
 
-/// At most this many source bytes in one chunk.
+/// About this many source bytes in one chunk.
 const CHUNK_BYTES: u64 = 32 << 20;
 /// At most this many samples in one chunk.
 const CHUNK_SAMPLES: usize = 1024;
@@ -62,10 +63,11 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     if let Some(seed) = config.shuffle {
         crate::shuffle::shuffle(&mut listing.samples, seed);
     }
+    // Known for packed sources; an ImageFolder listing does not stat files, so 0 there.
     let total_bytes: u64 = listing.samples.iter().map(|s| s.size).sum();
     let found = listing.samples.len() as u64;
     let width = key_width(found);
-    bar.set_length(total_bytes);
+    bar.set_length(found);
 
     let mut sink: Box<dyn Sink> = match &config.format {
         OutputFormat::Lmdb => Box::new(LmdbSink::create(&config.output, config.overwrite, total_bytes)?),
@@ -91,15 +93,19 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
         warnings: listing.warnings.clone(),
         ..Report::default()
     };
-    let chunks = chunk(&listing.samples);
+    let mut chunker = Chunker::default();
     let (tx, rx) = mpsc::sync_channel::<Vec<Result<Image, String>>>(1);
     let written = std::thread::scope(|scope| -> Result<()> {
         let samples = &listing.samples;
         let source = &*source;
         scope.spawn(move || {
-            for range in chunks {
-                let loaded =
+            let mut start = 0;
+            while start < samples.len() {
+                let range = start..(start + chunker.next_len()).min(samples.len());
+                start = range.end;
+                let loaded: Vec<Result<Image, String>> =
                     pool.install(|| samples[range].par_iter().map(|s| load(source, s, unpacking)).collect());
+                chunker.observe(&loaded);
                 if tx.send(loaded).is_err() {
                     return; // the writer stopped
                 }
@@ -112,7 +118,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
             for result in loaded {
                 let sample = &samples[next];
                 next += 1;
-                bar.inc(sample.size);
+                bar.inc(1);
                 match result {
                     Ok(image) => {
                         let key = format_key(report.packed, width);
@@ -128,8 +134,8 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                 }
             }
             sink.write_batch(&batch)?;
-            let rate = next as f64 / started.elapsed().as_secs_f64().max(1e-3);
-            bar.set_message(format!("{next}/{found} files, {rate:.0} files/s"));
+            let rate = report.bytes_in as f64 / 1e6 / started.elapsed().as_secs_f64().max(1e-3);
+            bar.set_message(format!("{rate:.0} MB/s"));
         }
         Ok(())
     });
@@ -202,40 +208,53 @@ fn packed_sample(key: String, sample: &SourceSample, classes: &[String], image: 
     PackedSample { key, fields }
 }
 
-/// Cuts the sample list into index ranges of at most [`CHUNK_SAMPLES`] samples and about
-/// [`CHUNK_BYTES`] bytes (a single larger sample gets a chunk of its own).
-fn chunk(samples: &[SourceSample]) -> Vec<std::ops::Range<usize>> {
-    let mut chunks = Vec::new();
-    let (mut start, mut bytes) = (0, 0u64);
-    for (i, s) in samples.iter().enumerate() {
-        if i > start && (i - start >= CHUNK_SAMPLES || bytes + s.size > CHUNK_BYTES) {
-            chunks.push(start..i);
-            start = i;
-            bytes = 0;
+/// Chooses how many samples the next chunk takes so that it holds about [`CHUNK_BYTES`]:
+/// the first chunk is small, later ones follow the average size of the samples read so far,
+/// within 1..=[`CHUNK_SAMPLES`].
+#[derive(Debug, Default)]
+struct Chunker {
+    samples: u64,
+    bytes: u64,
+}
+
+impl Chunker {
+    fn next_len(&self) -> usize {
+        if self.samples == 0 || self.bytes == 0 {
+            return 64;
         }
-        bytes += s.size;
+        let average = (self.bytes / self.samples).max(1);
+        ((CHUNK_BYTES / average) as usize).clamp(1, CHUNK_SAMPLES)
     }
-    if start < samples.len() {
-        chunks.push(start..samples.len());
+
+    fn observe(&mut self, loaded: &[Result<Image, String>]) {
+        self.samples += loaded.len() as u64;
+        self.bytes +=
+            loaded.iter().map(|r| r.as_ref().map_or(0, |image| image.bytes.len() as u64)).sum::<u64>();
     }
-    chunks
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
-    fn sample(size: u64) -> SourceSample {
-        SourceSample { index: 0, path: PathBuf::new(), rel_path: vec![], class: 0, size }
+    fn image(len: usize) -> Result<Image, String> {
+        Ok(Image { format: imgpack_reader::ImageFormat::Jpeg, bytes: vec![0; len], width: 1, height: 1 })
     }
 
     #[test]
-    fn chunks_are_bounded_by_count_and_bytes() {
-        let many: Vec<_> = (0..2500).map(|_| sample(10)).collect();
-        assert_eq!(chunk(&many), vec![0..1024, 1024..2048, 2048..2500]);
-        let big = vec![sample(20 << 20), sample(20 << 20), sample(40 << 20), sample(1)];
-        assert_eq!(chunk(&big), vec![0..1, 1..2, 2..3, 3..4]);
-        assert!(chunk(&[]).is_empty());
+    fn chunks_follow_the_average_sample_size() {
+        let mut chunker = Chunker::default();
+        assert_eq!(chunker.next_len(), 64, "small first chunk");
+        chunker.observe(&vec![image(100_000); 64]);
+        assert_eq!(chunker.next_len(), (CHUNK_BYTES / 100_000) as usize);
+        let mut tiny = Chunker::default();
+        tiny.observe(&vec![image(10); 64]);
+        assert_eq!(tiny.next_len(), CHUNK_SAMPLES, "capped by count");
+        let mut huge = Chunker::default();
+        huge.observe(&[image(100 << 20)]);
+        assert_eq!(huge.next_len(), 1, "one huge sample at a time");
+        let mut skipped = Chunker::default();
+        skipped.observe(&[Err("bad".into()), Err("bad".into())]);
+        assert_eq!(skipped.next_len(), 64);
     }
 }

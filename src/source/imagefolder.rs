@@ -18,11 +18,9 @@
 //! and reported instead of being followed until the path is too long, and an unreadable
 //! directory is reported instead of silently ignored.
 
-use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
@@ -45,16 +43,30 @@ impl ImageFolder {
     }
 
     fn accepts(&self, name: &OsStr) -> bool {
+        let bytes = name.as_bytes();
+        if bytes.is_ascii() {
+            // Fast path: for ASCII names, ASCII lower-casing is Python's `str.lower()`.
+            return self.extensions.iter().any(|e| {
+                bytes.len() >= e.len() && bytes[bytes.len() - e.len()..].eq_ignore_ascii_case(e.as_bytes())
+            });
+        }
         let lower = name.to_string_lossy().to_lowercase();
         self.extensions.iter().any(|e| lower.ends_with(e.as_str()))
     }
 
     /// Walks one class directory: its files in torchvision order, plus warnings.
+    ///
+    /// Only symlinks are `stat`ed: `read_dir` already says what every other entry is, and a
+    /// file's size is learnt when it is read. On network file systems that is most of the
+    /// listing time saved.
     fn walk_class(&self, class_dir: &Path, class: u32) -> (Vec<SourceSample>, Vec<String>) {
         let mut dirs: Vec<Dir> = Vec::new();
         let mut warnings = Vec::new();
-        let mut stack = vec![(class_dir.to_path_buf(), Vec::<u8>::new(), ancestors_of(class_dir))];
-        while let Some((dir, rel, ancestors)) = stack.pop() {
+        // Each directory carries the real (canonical) paths of itself and every directory above
+        // it: a symlink whose target is one of them, or above one of them, is a loop.
+        let real = fs::canonicalize(class_dir).unwrap_or_else(|_| class_dir.to_path_buf());
+        let mut stack = vec![(class_dir.to_path_buf(), Vec::<u8>::new(), vec![real])];
+        while let Some((dir, rel, chain)) = stack.pop() {
             let entries = match fs::read_dir(&dir) {
                 Ok(e) => e,
                 Err(e) => {
@@ -67,47 +79,49 @@ impl ImageFolder {
             };
             let mut files = Vec::new();
             for entry in entries.flatten() {
-                let path = entry.path();
                 let name = entry.file_name();
-                // `DirEntry::metadata` does not follow symlinks; `fs::metadata` does, as os.walk's
-                // `is_dir()` does. A dangling link is a non-directory, as in os.walk.
-                let followed = fs::metadata(&path);
-                let is_dir = followed.as_ref().is_ok_and(|m| m.is_dir());
-                if is_dir {
-                    let meta = followed.expect("checked above");
-                    let id = (meta.dev(), meta.ino());
-                    if ancestors.contains(&id) {
+                let Ok(kind) = entry.file_type() else { continue };
+                // os.walk follows symlinks (`is_dir()`): a link to a directory is walked, and a
+                // dangling link is a non-directory.
+                let target = if kind.is_symlink() {
+                    fs::canonicalize(entry.path()).ok().filter(|t| t.is_dir())
+                } else {
+                    None
+                };
+                if kind.is_dir() || target.is_some() {
+                    let here = chain.last().expect("never empty");
+                    let sub_real = target.clone().unwrap_or_else(|| here.join(&name));
+                    if target.is_some() && chain.iter().any(|above| above.starts_with(&sub_real)) {
                         warnings.push(format!(
                             "{}: symlink loop (points back to a directory above it); not followed — remove the link or point it elsewhere",
-                            path.display()
+                            entry.path().display()
                         ));
                         continue;
                     }
                     let mut sub_rel = rel.clone();
                     sub_rel.push(b'/');
                     sub_rel.extend_from_slice(name.as_bytes());
-                    let mut sub_ancestors = ancestors.clone();
-                    sub_ancestors.insert(id);
-                    stack.push((path, sub_rel, sub_ancestors));
+                    let mut sub_chain = chain.clone();
+                    sub_chain.push(sub_real);
+                    stack.push((entry.path(), sub_rel, sub_chain));
                 } else if self.accepts(&name) {
-                    let size = followed.map(|m| m.len()).unwrap_or(0);
-                    files.push((python_sort_key(&name), path, name, size));
+                    files.push(name);
                 }
             }
-            files.sort_by(|a, b| a.0.cmp(&b.0));
-            dirs.push(Dir { key: python_sort_key(OsStr::from_bytes(&rel)), rel, files });
+            files.sort_by(|a, b| python_cmp(a, b));
+            dirs.push(Dir { path: dir, rel, files });
         }
-        dirs.sort_by(|a, b| a.key.cmp(&b.key));
+        dirs.sort_by(|a, b| python_cmp(OsStr::from_bytes(&a.rel), OsStr::from_bytes(&b.rel)));
         let class_name = class_dir.file_name().unwrap_or_default().as_bytes();
         let samples = dirs
             .into_iter()
             .flat_map(|d| {
-                d.files.into_iter().map(move |(_, path, name, size)| {
+                d.files.into_iter().map(move |name| {
                     let mut rel_path = class_name.to_vec();
                     rel_path.extend_from_slice(&d.rel);
                     rel_path.push(b'/');
                     rel_path.extend_from_slice(name.as_bytes());
-                    SourceSample { index: 0, path, rel_path, class, size }
+                    SourceSample { index: 0, path: d.path.join(name), rel_path, class, size: 0 }
                 })
             })
             .collect();
@@ -115,16 +129,12 @@ impl ImageFolder {
     }
 }
 
-/// A directory met during the walk: its path relative to the class directory (`""` or
-/// `"/sub/deep"`), its sort key, and its accepted files with their sort keys.
+/// A directory met during the walk: where it is, its path relative to the class directory
+/// (`""` or `"/sub/deep"`), and the names of its accepted files.
 struct Dir {
-    key: Vec<u32>,
+    path: PathBuf,
     rel: Vec<u8>,
-    files: Vec<(Vec<u32>, PathBuf, std::ffi::OsString, u64)>,
-}
-
-fn ancestors_of(dir: &Path) -> HashSet<(u64, u64)> {
-    fs::metadata(dir).map(|m| HashSet::from([(m.dev(), m.ino())])).unwrap_or_default()
+    files: Vec<std::ffi::OsString>,
 }
 
 impl Source for ImageFolder {
@@ -144,7 +154,7 @@ impl Source for ImageFolder {
                 reason: "has no class folders; an ImageFolder tree is root/<class>/<image> — pass the folder that holds the class folders".into(),
             });
         }
-        classes.sort();
+        classes.sort_by(|a, b| a.0.cmp(&b.0));
         let walked: Vec<_> = classes
             .par_iter()
             .enumerate()
@@ -169,6 +179,17 @@ impl Source for ImageFolder {
 
     fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
         fs::read(&sample.path)
+    }
+}
+
+/// Compares two names as Python's `sorted()` does. UTF-8 byte order is code point order, so
+/// the key is only built when a name is not UTF-8.
+pub fn python_cmp(a: &OsStr, b: &OsStr) -> std::cmp::Ordering {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if std::str::from_utf8(a).is_ok() && std::str::from_utf8(b).is_ok() {
+        a.cmp(b)
+    } else {
+        python_sort_key(OsStr::from_bytes(a)).cmp(&python_sort_key(OsStr::from_bytes(b)))
     }
 }
 
@@ -246,6 +267,20 @@ mod tests {
         assert_eq!(rels(&listing), ["a/x/1.jpg"]);
         assert_eq!(listing.warnings.len(), 1);
         assert!(listing.warnings[0].contains("symlink loop"), "{:?}", listing.warnings);
+    }
+
+    #[test]
+    fn a_cycle_through_two_links_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        touch(&r.join("a/p/1.jpg"));
+        touch(&r.join("a/q/2.jpg"));
+        symlink(r.join("a/q"), r.join("a/p/to_q")).unwrap();
+        symlink(r.join("a/p"), r.join("a/q/to_p")).unwrap();
+        let listing = ImageFolder::new(r, &exts()).list().unwrap();
+        // As os.walk would list them until it meets the loop: p, p/to_q, q, q/to_p.
+        assert_eq!(rels(&listing), ["a/p/1.jpg", "a/p/to_q/2.jpg", "a/q/2.jpg", "a/q/to_p/1.jpg"]);
+        assert_eq!(listing.warnings.len(), 2, "{:?}", listing.warnings);
     }
 
     #[test]

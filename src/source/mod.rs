@@ -20,7 +20,8 @@ pub struct SourceSample {
     pub rel_path: Vec<u8>,
     /// Index into the source's class list.
     pub class: u32,
-    /// Size in bytes when listed (0 if it could not be stat'ed).
+    /// Size in bytes if the listing knows it cheaply, else 0 (an ImageFolder listing does not
+    /// `stat` files; a packed dataset knows).
     pub size: u64,
 }
 
