@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde_json::json;
 
 use crate::sink::webdataset::ShardLimits;
+use crate::transcode::{Mode, Transcoder};
 use crate::{Error, Result};
 
 /// The image extensions torchvision's `ImageFolder` accepts, which are ours by default.
@@ -82,6 +83,8 @@ pub struct PackConfig {
     pub on_error: OnError,
     /// Replace an existing output.
     pub overwrite: bool,
+    /// What happens to each image (`--mode` and its settings).
+    pub transcoder: Transcoder,
 }
 
 impl PackConfig {
@@ -97,6 +100,7 @@ impl PackConfig {
             extensions: DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect(),
             on_error: OnError::Skip,
             overwrite: false,
+            transcoder: Transcoder::default(),
         }
     }
 
@@ -136,6 +140,11 @@ impl PackConfig {
                 return Err(Error::Usage("--shard-samples must be at least 1".into()));
             }
         }
+        if self.format == OutputFormat::ImageFolder && self.transcoder.mode != Mode::Passthrough {
+            return Err(Error::Usage(
+                "--to imagefolder writes the stored bytes back as files; drop --mode (it only applies to lmdb and webdataset)".into(),
+            ));
+        }
         if !self.source.is_dir() {
             return Err(Error::BadSource {
                 path: self.source.clone(),
@@ -161,12 +170,16 @@ impl PackConfig {
     pub fn recorded_options(&self) -> serde_json::Value {
         let mut options = json!({
             "to": self.format.name(),
-            "mode": "passthrough",
             "shuffle": self.shuffle.is_some(),
             "seed": self.shuffle,
             "extensions": self.extensions,
             "on_error": match self.on_error { OnError::Skip => "skip", OnError::Fail => "fail" },
         });
+        if let (Some(options), serde_json::Value::Object(mode)) =
+            (options.as_object_mut(), self.transcoder.recorded())
+        {
+            options.extend(mode);
+        }
         if let OutputFormat::WebDataset { prefix, limits } = &self.format {
             options["prefix"] = json!(prefix);
             options["shard_size"] = json!(limits.max_bytes);

@@ -26,7 +26,7 @@ use crate::sink::{PackedSample, Sink};
 use crate::source::dataset::{is_packed, PackedDataset};
 use crate::source::imagefolder::ImageFolder;
 use crate::source::{Source, SourceSample};
-use crate::transcode::{self, Image};
+use crate::transcode::{Image, Transcoder};
 use crate::{Error, Result};
 
 /// About this many source bytes in one chunk.
@@ -94,17 +94,20 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
         ..Report::default()
     };
     let mut chunker = Chunker::default();
+    let mut stored = std::collections::BTreeSet::new();
     let (tx, rx) = mpsc::sync_channel::<Vec<Result<Image, String>>>(1);
     let written = std::thread::scope(|scope| -> Result<()> {
         let samples = &listing.samples;
         let source = &*source;
+        let transcoder = &config.transcoder;
         scope.spawn(move || {
             let mut start = 0;
             while start < samples.len() {
                 let range = start..(start + chunker.next_len()).min(samples.len());
                 start = range.end;
-                let loaded: Vec<Result<Image, String>> =
-                    pool.install(|| samples[range].par_iter().map(|s| load(source, s, unpacking)).collect());
+                let loaded: Vec<Result<Image, String>> = pool.install(|| {
+                    samples[range].par_iter().map(|s| load(source, transcoder, s, unpacking)).collect()
+                });
                 chunker.observe(&loaded);
                 if tx.send(loaded).is_err() {
                     return; // the writer stopped
@@ -125,6 +128,8 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                         report.packed += 1;
                         report.bytes_in += image.bytes.len() as u64;
                         *report.formats.entry(image.format.extension().to_string()).or_default() += 1;
+                        report.kept_unchanged += u64::from(image.kept);
+                        stored.insert(image.ext);
                         batch.push(packed_sample(key, sample, &listing.classes, image));
                     }
                     Err(reason) if config.on_error == OnError::Fail => {
@@ -141,7 +146,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     });
     written?;
 
-    let mut fields: Vec<String> = report.formats.keys().cloned().collect();
+    let mut fields: Vec<String> = stored.iter().map(|e| e.to_string()).collect();
     fields.extend([CLS_FIELD.to_string(), JSON_FIELD.to_string()]);
     fields.sort();
     let format = match &config.format {
@@ -173,7 +178,12 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
 
 /// Reads and checks one sample; the error is the reason it is skipped. When unpacking to a
 /// tree, a sample whose recorded path would land outside the tree is refused here.
-fn load(source: &dyn Source, sample: &SourceSample, unpacking: bool) -> Result<Image, String> {
+fn load(
+    source: &dyn Source,
+    transcoder: &Transcoder,
+    sample: &SourceSample,
+    unpacking: bool,
+) -> Result<Image, String> {
     if unpacking {
         safe_relative(&sample.rel_path)?;
     }
@@ -186,7 +196,7 @@ fn load(source: &dyn Source, sample: &SourceSample, unpacking: bool) -> Result<I
             format!("cannot read: {e}")
         }
     })?;
-    transcode::passthrough(bytes)
+    transcoder.apply(bytes)
 }
 
 /// Builds the stored fields of one sample, sorted by extension.
@@ -201,7 +211,7 @@ fn packed_sample(key: String, sample: &SourceSample, classes: &[String], image: 
     let info = SampleInfo { path, class: classes[sample.class as usize].clone(), path_hex };
     let mut fields = vec![
         (CLS_FIELD.to_string(), sample.class.to_string().into_bytes()),
-        (image.format.extension().to_string(), image.bytes),
+        (image.ext.to_string(), image.bytes),
         (JSON_FIELD.to_string(), serde_json::to_vec(&info).expect("sample info serialises")),
     ];
     fields.sort_by(|a, b| a.0.cmp(&b.0));
@@ -238,7 +248,14 @@ mod tests {
     use super::*;
 
     fn image(len: usize) -> Result<Image, String> {
-        Ok(Image { format: imgpack_reader::ImageFormat::Jpeg, bytes: vec![0; len], width: 1, height: 1 })
+        Ok(Image {
+            format: imgpack_reader::ImageFormat::Jpeg,
+            ext: "jpg",
+            bytes: vec![0; len],
+            width: 1,
+            height: 1,
+            kept: false,
+        })
     }
 
     #[test]

@@ -37,8 +37,10 @@ pub struct Report {
     pub classes: usize,
     /// Classes with no sample (they keep their index).
     pub empty_classes: Vec<String>,
-    /// Packed samples by stored image format.
+    /// Packed samples by source image format.
     pub formats: BTreeMap<String, u64>,
+    /// Images that `--keep-if-fits` stored unchanged instead of re-encoding.
+    pub kept_unchanged: u64,
     /// Image bytes read from the source for packed samples.
     pub bytes_in: u64,
     /// Bytes the output occupies on disk.
@@ -87,6 +89,13 @@ impl fmt::Display for Report {
         let formats: Vec<String> = self.formats.iter().map(|(k, v)| format!("{k} {v}")).collect();
         writeln!(f, "  classes   {}", self.classes)?;
         writeln!(f, "  formats   {}", if formats.is_empty() { "-".into() } else { formats.join(", ") })?;
+        if self.kept_unchanged > 0 {
+            writeln!(
+                f,
+                "  kept      {} JPEGs already within the size bound, stored unchanged",
+                self.kept_unchanged
+            )?;
+        }
         writeln!(f, "  bytes     {} in, {} out", human_bytes(self.bytes_in), human_bytes(self.bytes_out))?;
         writeln!(
             f,

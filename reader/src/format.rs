@@ -9,6 +9,11 @@
 pub const CLS_FIELD: &str = "cls";
 /// Field holding a small JSON object describing the sample (see [`crate::SampleInfo`]).
 pub const JSON_FIELD: &str = "json";
+/// Field holding decoded pixels (`--mode decode`): a NumPy `.npy` file, `uint8`, shape
+/// `(height, width, channels)`.
+pub const NPY_FIELD: &str = "npy";
+/// Field holding a zstd-compressed [`NPY_FIELD`] (`--mode decode --compress zstd`).
+pub const NPY_ZSTD_FIELD: &str = "npy.zst";
 
 /// The image formats a sample can hold, named by the extension they are stored under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

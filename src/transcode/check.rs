@@ -1,44 +1,29 @@
-//! What happens to each image's bytes between source and sink.
-//!
-//! Passthrough (the only mode so far) stores the bytes unchanged, after checking that they
-//! really are an image: the format is sniffed from the content (never the name), and the header
-//! is parsed by a real decoder so that empty files, HTML error pages, random bytes and truncated
+//! Is it an image? The format is sniffed from the content (never the name), and the header is
+//! parsed by a real decoder, so that empty files, HTML error pages, random bytes and truncated
 //! headers are caught while packing, not by a data loader in the middle of an epoch.
 
 use std::io::Cursor;
 
 use imgpack_reader::ImageFormat;
 
-/// A checked image, ready for a sink.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Image {
-    /// Its real format.
-    pub format: ImageFormat,
-    /// The bytes to store.
-    pub bytes: Vec<u8>,
-    /// Width in pixels, from the header.
-    pub width: u32,
-    /// Height in pixels, from the header.
-    pub height: u32,
-}
-
-/// Checks `bytes` and passes them through unchanged. The error says why the file is not a
-/// usable image, in words meant for the summary.
-pub fn passthrough(bytes: Vec<u8>) -> Result<Image, String> {
+/// Recognises the image in `bytes` and checks its header with a real decoder: its format and
+/// dimensions, or why it is not a usable image, in words meant for the summary.
+pub fn check(bytes: &[u8]) -> Result<(ImageFormat, u32, u32), String> {
     if bytes.is_empty() {
         return Err("empty file (0 bytes)".into());
     }
-    let format = ImageFormat::sniff(&bytes).ok_or_else(|| not_an_image(&bytes))?;
-    let (width, height) = image::ImageReader::with_format(Cursor::new(&bytes), codec(format))
+    let format = ImageFormat::sniff(bytes).ok_or_else(|| not_an_image(bytes))?;
+    let (width, height) = image::ImageReader::with_format(Cursor::new(bytes), codec(format))
         .into_dimensions()
         .map_err(|e| format!("corrupt or truncated {format} header: {e}"))?;
     if width == 0 || height == 0 {
         return Err(format!("{format} header declares an empty image ({width}x{height})"));
     }
-    Ok(Image { format, bytes, width, height })
+    Ok((format, width, height))
 }
 
-fn codec(format: ImageFormat) -> image::ImageFormat {
+/// The `image` crate codec for a format.
+pub fn codec(format: ImageFormat) -> image::ImageFormat {
     match format {
         ImageFormat::Jpeg => image::ImageFormat::Jpeg,
         ImageFormat::Png => image::ImageFormat::Png,
@@ -77,21 +62,18 @@ mod tests {
     }
 
     #[test]
-    fn real_png_passes_unchanged() {
-        let bytes = png_1x1();
-        let img = passthrough(bytes.clone()).unwrap();
-        assert_eq!((img.format, img.width, img.height), (ImageFormat::Png, 3, 2));
-        assert_eq!(img.bytes, bytes);
+    fn real_png_is_recognised() {
+        assert_eq!(check(&png_1x1()).unwrap(), (ImageFormat::Png, 3, 2));
     }
 
     #[test]
     fn bad_bytes_are_explained() {
-        assert_eq!(passthrough(vec![]).unwrap_err(), "empty file (0 bytes)");
-        let html = passthrough(b"<!DOCTYPE html><html>404</html>".to_vec()).unwrap_err();
+        assert_eq!(check(&[]).unwrap_err(), "empty file (0 bytes)");
+        let html = check(b"<!DOCTYPE html><html>404</html>").unwrap_err();
         assert!(html.contains("HTML page"), "{html}");
-        let truncated = passthrough(png_1x1()[..20].to_vec()).unwrap_err();
+        let truncated = check(&png_1x1()[..20]).unwrap_err();
         assert!(truncated.starts_with("corrupt or truncated png header"), "{truncated}");
-        let jpeg_head = passthrough(b"\xFF\xD8\xFF\xE0\x00\x10JFIF\x00".to_vec()).unwrap_err();
+        let jpeg_head = check(b"\xFF\xD8\xFF\xE0\x00\x10JFIF\x00").unwrap_err();
         assert!(jpeg_head.starts_with("corrupt or truncated jpg header"), "{jpeg_head}");
     }
 }

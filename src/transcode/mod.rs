@@ -1,0 +1,217 @@
+//! What happens to each image between source and sink: the `--mode`.
+//!
+//! - **passthrough** (default): the bytes are stored unchanged, once [`check`] has made sure
+//!   they are an image of a known format;
+//! - **reencode**: decode, optionally resize, encode a JPEG ([`Reencode`]) — smaller images
+//!   that decode faster at training time;
+//! - **decode**: decode, optionally resize and centre-crop, store raw `uint8` pixels as `.npy`
+//!   ([`Decode`]), optionally zstd-compressed — no decode at all at training time.
+//!
+//! Modules: [`check`] (is it an image), [`decode`] (to pixels, as torchvision's loader sees
+//! them), [`resize`] (geometry), [`encode`] (JPEG, `.npy`, zstd).
+
+pub mod check;
+pub mod decode;
+pub mod encode;
+pub mod resize;
+
+use imgpack_reader::format::{NPY_FIELD, NPY_ZSTD_FIELD};
+use imgpack_reader::ImageFormat;
+use serde_json::json;
+
+pub use decode::{DecodeOptions, Pixels};
+pub use encode::Subsampling;
+pub use resize::Resize;
+
+/// Re-encoding settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reencode {
+    /// Target geometry, if any.
+    pub resize: Option<Resize>,
+    /// Allow enlarging images smaller than the target.
+    pub upscale: bool,
+    /// JPEG quality, 1..=100.
+    pub quality: u8,
+    /// Chroma subsampling.
+    pub subsampling: Subsampling,
+    /// Store a JPEG that already fits (and decodes to RGB or grey) unchanged.
+    pub keep_if_fits: bool,
+}
+
+/// Pre-decoding settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decode {
+    /// Target geometry, if any.
+    pub resize: Option<Resize>,
+    /// Allow enlarging images smaller than the target.
+    pub upscale: bool,
+    /// Centre-crop (or pad) to N x N after resizing.
+    pub center_crop: Option<u32>,
+    /// zstd level, if compressing (stored as `npy.zst`).
+    pub zstd_level: Option<i32>,
+}
+
+/// The `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Bytes unchanged.
+    #[default]
+    Passthrough,
+    /// Decode, resize, encode JPEG.
+    Reencode(Reencode),
+    /// Decode, resize, store pixels.
+    Decode(Decode),
+}
+
+/// An image ready for a sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// The format the source image was in.
+    pub format: ImageFormat,
+    /// The field extension it is stored under (`jpg`, `png`, `npy`, `npy.zst`, ...).
+    pub ext: &'static str,
+    /// The bytes to store.
+    pub bytes: Vec<u8>,
+    /// Stored width in pixels.
+    pub width: u32,
+    /// Stored height in pixels.
+    pub height: u32,
+    /// Re-encoding kept the source bytes unchanged (`--keep-if-fits`).
+    pub kept: bool,
+}
+
+/// Applies a mode to images; cheap to share between threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Transcoder {
+    /// The mode.
+    pub mode: Mode,
+    /// How images decode (colour, orientation, size limit).
+    pub decode: DecodeOptions,
+}
+
+impl Transcoder {
+    /// Turns a source image's bytes into what is stored. The error is the reason the sample is
+    /// skipped, in words for the summary.
+    pub fn apply(&self, bytes: Vec<u8>) -> Result<Image, String> {
+        let (format, width, height) = check::check(&bytes)?;
+        match self.mode {
+            Mode::Passthrough => {
+                Ok(Image { format, ext: format.extension(), bytes, width, height, kept: false })
+            }
+            Mode::Reencode(r) => {
+                let (tw, th) = self.oriented_target(&bytes, format, width, height, r.resize, r.upscale);
+                if r.keep_if_fits && format == ImageFormat::Jpeg && (tw, th) == (width, height) {
+                    let info = decode::jpeg_info(&bytes)?;
+                    let upright = !self.decode.exif_rotate || decode::exif_orientation(&bytes) == 1;
+                    if !info.cmyk && upright {
+                        return Ok(Image { format, ext: "jpg", bytes, width, height, kept: true });
+                    }
+                }
+                let pixels = self.decode_to(&bytes, format, tw, th)?;
+                let jpeg = encode::jpeg(&pixels, r.quality, r.subsampling)?;
+                Ok(Image {
+                    format,
+                    ext: "jpg",
+                    bytes: jpeg,
+                    width: pixels.width,
+                    height: pixels.height,
+                    kept: false,
+                })
+            }
+            Mode::Decode(d) => {
+                let (tw, th) = self.oriented_target(&bytes, format, width, height, d.resize, d.upscale);
+                let mut pixels = self.decode_to(&bytes, format, tw, th)?;
+                if let Some(n) = d.center_crop {
+                    pixels = resize::center_crop(pixels, n);
+                }
+                let npy = encode::npy(&pixels);
+                let (ext, bytes) = match d.zstd_level {
+                    Some(level) => (NPY_ZSTD_FIELD, encode::zstd(&npy, level)?),
+                    None => (NPY_FIELD, npy),
+                };
+                Ok(Image { format, ext, bytes, width: pixels.width, height: pixels.height, kept: false })
+            }
+        }
+    }
+
+    /// The target size of an image as it will be once upright.
+    fn oriented_target(
+        &self,
+        bytes: &[u8],
+        format: ImageFormat,
+        width: u32,
+        height: u32,
+        resize: Option<Resize>,
+        upscale: bool,
+    ) -> (u32, u32) {
+        let swapped =
+            self.decode.exif_rotate && format == ImageFormat::Jpeg && decode::exif_orientation(bytes) >= 5;
+        let (w, h) = if swapped { (height, width) } else { (width, height) };
+        resize::target_size(w, h, resize, upscale)
+    }
+
+    /// Decodes (scaling down in the JPEG decoder where that stays above the target) and
+    /// resizes to exactly `width` x `height`.
+    fn decode_to(
+        &self,
+        bytes: &[u8],
+        format: ImageFormat,
+        width: u32,
+        height: u32,
+    ) -> Result<Pixels, String> {
+        let pixels = decode::decode(bytes, format, &self.decode, Some((width, height)))?;
+        resize::resize(pixels, width, height)
+    }
+
+    /// The settings as recorded in the dataset metadata.
+    pub fn recorded(&self) -> serde_json::Value {
+        let resize = |r: Option<Resize>| match r {
+            Some(Resize::ShorterSide(n)) => json!({"resize_shorter": n}),
+            Some(Resize::MaxSide(n)) => json!({"max_side": n}),
+            None => json!({}),
+        };
+        let mut out = match self.mode {
+            Mode::Passthrough => json!({"mode": "passthrough"}),
+            Mode::Reencode(r) => {
+                let mut v = json!({
+                    "mode": "reencode",
+                    "upscale": r.upscale,
+                    "quality": r.quality,
+                    "subsampling": match r.subsampling { Subsampling::S420 => "420", Subsampling::S422 => "422", Subsampling::S444 => "444" },
+                    "keep_if_fits": r.keep_if_fits,
+                    "resize_filter": "lanczos3",
+                });
+                merge(&mut v, resize(r.resize));
+                v
+            }
+            Mode::Decode(d) => {
+                let mut v = json!({
+                    "mode": "decode",
+                    "upscale": d.upscale,
+                    "center_crop": d.center_crop,
+                    "compress": d.zstd_level.map(|l| format!("zstd:{l}")),
+                    "resize_filter": "lanczos3",
+                });
+                merge(&mut v, resize(d.resize));
+                v
+            }
+        };
+        if self.mode != Mode::Passthrough {
+            merge(
+                &mut out,
+                json!({
+                    "color": if self.decode.keep_gray { "keep" } else { "rgb" },
+                    "exif_rotate": self.decode.exif_rotate,
+                    "max_pixels": self.decode.max_pixels,
+                }),
+            );
+        }
+        out
+    }
+}
+
+fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
+    if let (Some(into), serde_json::Value::Object(from)) = (into.as_object_mut(), from) {
+        into.extend(from);
+    }
+}
