@@ -147,7 +147,7 @@ impl WebDatasetSink {
         self.shard = Some(ShardWriter {
             number,
             path,
-            file: BufWriter::with_capacity(1 << 20, file),
+            file: BufWriter::with_capacity(64 << 10, file),
             md5: Md5::new(),
             bytes: 0,
             first: self.samples,

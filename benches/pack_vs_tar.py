@@ -1,0 +1,687 @@
+#!/usr/bin/env python3
+"""Benchmark `pack imagefolder --to lmdb` against durable tar and a plain py-lmdb script.
+
+See benches/README.md for what it measures and how to read the results. In short:
+
+    cargo build --release
+    ~/.cache/imgpack-venv/bin/python benches/pack_vs_tar.py            # 15,000 images, 3 rounds
+    ~/.cache/imgpack-venv/bin/python benches/pack_vs_tar.py --quick    # smoke test
+
+1. Generates (once; cached, resumable) a deterministic ImageNet-like ImageFolder tree of JPEGs
+   of 80-110 kB each under --tree, in parallel over --jobs processes.
+2. Reads the whole tree once (untimed) so every timed run starts from a warm page cache.
+3. Runs, alternating them, for --rounds rounds, into the same output directory:
+     pack   : pack imagefolder TREE --to lmdb -o OUT/pack.lmdb --overwrite --quiet --json
+     tar    : bash -c 'tar -cf OUT/tar.tar -C TREE . && sync OUT/tar.tar'
+     py-lmdb: PYTHON benches/py_lmdb_pack.py TREE OUT/py.lmdb
+   Outputs are deleted and `sync` is run between runs, outside the timed region. Wall time is
+   measured around fork/exec/wait, peak RSS comes from os.wait4's rusage (for tar, that is the
+   largest of bash, tar and sync).
+4. Prints a Markdown table (also written to OUT/pack_vs_tar.md, raw numbers to
+   OUT/pack_vs_tar.json) and PASS/FAIL lines for pack's targets (peak RSS <= 300 MB, median
+   time <= 1.2 x durable tar). It never exits non-zero because a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+
+# Bump when the generator's output changes, so an old cached tree is not mistaken for a new one.
+GENERATOR_VERSION = 2
+
+MIN_BYTES, MAX_BYTES = 80_000, 110_000  # accepted JPEG sizes
+TARGET_LO, TARGET_HI = 88_000, 108_000  # per-image target sizes are drawn uniformly from this
+JPEG_QUALITY = 90
+# (width, height, probability): ImageNet's most common shapes.
+SHAPES = [(500, 375, 0.75), (375, 500, 0.15), (500, 333, 0.10)]
+
+RSS_LIMIT_MB = 300.0
+RATIO_LIMIT = 1.2
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MB = 1e6  # all "MB" in this benchmark are 10^6 bytes
+
+
+# --------------------------------------------------------------------------------------------
+# Tree generation
+# --------------------------------------------------------------------------------------------
+
+
+def class_names(n_classes: int, seed: int) -> list[str]:
+    """ImageNet-style WordNet ids (n01440764, ...), deterministic and sorted."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, 0xC1A55])
+    ids = rng.choice(np.arange(1_000_000, 15_000_000), size=n_classes, replace=False)
+    return [f"n{int(i):08d}" for i in sorted(ids)]
+
+
+def plan_tree(n_images: int, n_classes: int, seed: int) -> list[tuple[int, str]]:
+    """[(global image index, relative path)] for the whole tree, in a fixed order."""
+    import numpy as np
+
+    plan = []
+    index = 0
+    for c, wnid in enumerate(class_names(n_classes, seed)):
+        count = n_images // n_classes + (1 if c < n_images % n_classes else 0)
+        rng = np.random.default_rng([seed, 0xF11E, c])
+        # ImageNet train files are named {wnid}_{number}.JPEG with sparse numbers.
+        numbers = sorted(int(x) for x in rng.choice(np.arange(1, 20 * max(count, 1) + 1), size=count, replace=False))
+        for number in numbers:
+            plan.append((index, f"{wnid}/{wnid}_{number}.JPEG"))
+            index += 1
+    return plan
+
+
+def render_jpeg(index: int, seed: int) -> bytes:
+    """The JPEG for image `index`: smooth random colour fields plus Gaussian grain, with the
+    grain strength tuned (a few encodes at most) so the file lands on a size drawn from
+    [TARGET_LO, TARGET_HI]. Deterministic for a given (seed, index) and encoder build."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng([seed, index])
+    r = rng.random()
+    acc = 0.0
+    for w, h, p in SHAPES:
+        acc += p
+        if r < acc:
+            break
+    target = float(rng.uniform(TARGET_LO, TARGET_HI))
+
+    def field(cell: int, resample) -> np.ndarray:
+        small = rng.integers(0, 256, size=(h // cell + 2, w // cell + 2, 3), dtype=np.uint8)
+        return np.asarray(Image.fromarray(small).resize((w, h), resample), dtype=np.float32)
+
+    base = 0.7 * field(int(rng.integers(18, 40)), Image.BICUBIC) + 0.3 * field(5, Image.BILINEAR)
+    grain = rng.standard_normal(size=(h, w, 3), dtype=np.float32)
+
+    def encode(sigma: float) -> bytes:
+        pixels = np.clip(base + sigma * grain, 0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=JPEG_QUALITY)
+        return buf.getvalue()
+
+    # Size grows roughly linearly with sigma over this range (~3 kB per unit at 500x375).
+    slope = 3000.0 * (w * h) / (500 * 375)
+    sigma = 15.0
+    data = encode(sigma)
+    best = data
+    for _ in range(4):
+        if abs(len(data) - target) < 1500:
+            break
+        sigma = min(max(sigma + (target - len(data)) / slope, 0.5), 60.0)
+        data = encode(sigma)
+        if abs(len(data) - target) < abs(len(best) - target):
+            best = data
+    return best
+
+
+def _render_job(job: tuple[int, str, str, int]) -> int:
+    index, rel, root, seed = job
+    path = os.path.join(root, rel)
+    if os.path.exists(path):  # resuming: files are written atomically, so a present one is whole
+        return 0
+    data = render_jpeg(index, seed)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return 1
+
+
+def tree_params(args) -> dict:
+    return {
+        "images": args.images,
+        "classes": args.classes,
+        "seed": args.seed,
+        "generator_version": GENERATOR_VERSION,
+        "jpeg_quality": JPEG_QUALITY,
+    }
+
+
+def marker_path(tree: Path) -> Path:
+    # A sibling of the tree, so the tree itself holds nothing but class folders.
+    return tree.parent / f"{tree.name}.complete.json"
+
+
+def size_stats(sizes: list[int]) -> dict:
+    s = sorted(sizes)
+    q = lambda p: s[min(len(s) - 1, int(p * (len(s) - 1) + 0.5))]  # noqa: E731
+    return {
+        "count": len(s),
+        "total_bytes": sum(s),
+        "min": s[0],
+        "p05": q(0.05),
+        "median": q(0.5),
+        "p95": q(0.95),
+        "max": s[-1],
+        "mean": sum(s) / len(s),
+        "in_range": sum(MIN_BYTES <= x <= MAX_BYTES for x in s),
+    }
+
+
+def print_size_distribution(sizes: list[int]) -> dict:
+    st = size_stats(sizes)
+    print(
+        f"  {st['count']} files, {st['total_bytes'] / MB:.1f} MB total; size kB: min {st['min'] / 1e3:.1f}, "
+        f"p5 {st['p05'] / 1e3:.1f}, median {st['median'] / 1e3:.1f}, mean {st['mean'] / 1e3:.1f}, "
+        f"p95 {st['p95'] / 1e3:.1f}, max {st['max'] / 1e3:.1f}"
+    )
+    lo = (min(sizes) // 5000) * 5000
+    hist: dict[int, int] = {}
+    for x in sizes:
+        b = (x // 5000) * 5000
+        hist[b] = hist.get(b, 0) + 1
+    width = max(hist.values())
+    for b in range(lo, max(sizes) + 1, 5000):
+        n = hist.get(b, 0)
+        print(f"    {b / 1e3:5.0f}-{(b + 5000) / 1e3:<5.0f} kB {n:6d} {'#' * round(40 * n / width)}")
+    ok = st["in_range"] == st["count"]
+    print(
+        f"  {'OK' if ok else 'WARNING'}: {st['in_range']}/{st['count']} files within "
+        f"{MIN_BYTES / 1e3:.0f}-{MAX_BYTES / 1e3:.0f} kB"
+    )
+    return st
+
+
+def ensure_tree(args, tree: Path) -> dict:
+    """Generates the tree unless a matching completion marker exists. Returns the marker."""
+    params = tree_params(args)
+    marker = marker_path(tree)
+    if marker.exists() and not args.regenerate:
+        recorded = json.loads(marker.read_text())
+        if recorded.get("params") != params:
+            sys.exit(
+                f"error: {tree} was generated with {recorded.get('params')}, not {params}; "
+                "pass --regenerate to rebuild it, or choose another --tree"
+            )
+        print(f"tree: {tree} (cached; {marker.name} present)")
+        return recorded
+    if args.regenerate and tree.exists():
+        print(f"tree: removing {tree} (--regenerate)")
+        shutil.rmtree(tree)
+        marker.unlink(missing_ok=True)
+
+    plan = plan_tree(args.images, args.classes, args.seed)
+    need = len(plan) * (TARGET_LO + TARGET_HI) / 2
+    free = shutil.disk_usage(tree.parent if tree.parent.exists() else REPO).free
+    print(f"tree: generating {len(plan)} JPEGs in {args.classes} classes under {tree} "
+          f"(~{need / 1e9:.2f} GB; {free / 1e9:.0f} GB free) with {args.jobs} processes")
+    if free < 4 * need:  # the tree plus three outputs of about its size
+        sys.exit(f"error: not enough free disk space for the tree and the outputs (~{4 * need / 1e9:.1f} GB)")
+    for wnid in sorted({rel.split("/")[0] for _, rel in plan}):
+        (tree / wnid).mkdir(parents=True, exist_ok=True)
+    jobs = [(i, rel, str(tree), args.seed) for i, rel in plan]
+    started = time.perf_counter()
+    made = 0
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        for k, n in enumerate(pool.imap_unordered(_render_job, jobs, chunksize=64), 1):
+            made += n
+            if k % 1000 == 0 or k == len(jobs):
+                el = time.perf_counter() - started
+                print(f"  {k}/{len(jobs)} ({made} new) {el:.0f}s", flush=True)
+    # Sanity: exactly the planned files, nothing else.
+    expected = {rel for _, rel in plan}
+    present = {f"{d.name}/{f.name}" for d in tree.iterdir() if d.is_dir() for f in d.iterdir()}
+    if present != expected:
+        extra, missing = sorted(present - expected)[:5], sorted(expected - present)[:5]
+        sys.exit(f"error: {tree} does not match the plan (extra e.g. {extra}, missing e.g. {missing}); "
+                 "pass --regenerate")
+    sizes = [os.path.getsize(tree / rel) for _, rel in plan]
+    print("tree: size distribution")
+    stats = print_size_distribution(sizes)
+    record = {
+        "params": params,
+        "stats": stats,
+        "generated_seconds": round(time.perf_counter() - started, 1),
+        "pillow": __import__("PIL").__version__,
+        "numpy": __import__("numpy").__version__,
+    }
+    os.sync()
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, marker)
+    return record
+
+
+def tree_files(tree: Path) -> list[Path]:
+    return sorted(p for d in tree.iterdir() if d.is_dir() for p in d.rglob("*") if p.is_file())
+
+
+def warm_up(files: list[Path]) -> float:
+    """Reads every file once so the timed runs start from a warm page cache. (Not with
+    `tar -cf /dev/null`: GNU tar notices /dev/null and skips reading file contents.)"""
+    started = time.perf_counter()
+    buf = bytearray(1 << 20)
+    for p in files:
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+    return time.perf_counter() - started
+
+
+def resident_fraction(files: list[Path]) -> float | None:
+    """Fraction of the tree's bytes in the page cache (via util-linux fincore), or None."""
+    if not shutil.which("fincore") or not files:
+        return None
+    res = total = 0
+    for i in range(0, len(files), 2000):
+        batch = [str(p) for p in files[i:i + 2000]]
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES,SIZE", *batch],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            return None
+        for line in out.stdout.split("\n"):
+            if line.strip():
+                r, s = line.split()
+                res += int(r)
+                total += -(-int(s) // PAGE) * PAGE  # RES counts whole pages
+    return res / total if total else None
+
+
+# --------------------------------------------------------------------------------------------
+# Timed runs
+# --------------------------------------------------------------------------------------------
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def run_timed(argv: list[str], stdout_path: Path, stderr_path: Path) -> dict:
+    """Runs argv, returning wall seconds, exit code and the child's rusage (os.wait4)."""
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        _, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by us, not by Popen
+    return {
+        "wall_s": wall,
+        "exit": proc.returncode,
+        # ru_maxrss is in KiB on Linux; for a shell it is the max over itself and reaped children.
+        "peak_rss_mb": ru.ru_maxrss * 1024 / MB,
+        "user_s": ru.ru_utime,
+        "sys_s": ru.ru_stime,
+        "major_faults": ru.ru_majflt,
+        "vol_ctx_switches": ru.ru_nvcsw,
+        "invol_ctx_switches": ru.ru_nivcsw,
+        "fs_in_blocks": ru.ru_inblock,
+        "fs_out_blocks": ru.ru_oublock,
+    }
+
+
+def make_commands(args, tree: Path, out: Path) -> dict[str, dict]:
+    pack_out = out / "pack.lmdb"
+    tar_out = out / "tar.tar"
+    py_out = out / "py.lmdb"
+    return {
+        "pack": {
+            "label": "pack imagefolder --to lmdb",
+            "argv": [str(args.pack), "imagefolder", str(tree), "--to", "lmdb", "-o", str(pack_out),
+                     "--overwrite", "--quiet", "--json"],
+            "outputs": [pack_out, out / f".{pack_out.name}.imgpack-tmp", out / f".{pack_out.name}.imgpack-tmp-old"],
+        },
+        "tar": {
+            "label": "tar -cf + sync (durable tar)",
+            "argv": ["bash", "-c", 'tar -cf "$1" -C "$2" . && sync "$1"', "bash", str(tar_out), str(tree)],
+            "outputs": [tar_out],
+        },
+        "py-lmdb": {
+            "label": "py-lmdb script (benches/py_lmdb_pack.py)",
+            "argv": [str(args.python), str(HERE / "py_lmdb_pack.py"), str(tree), str(py_out)],
+            "outputs": [py_out],
+        },
+    }
+
+
+def check_output(name: str, result: dict, cmd: dict, n_files: int, tree_bytes: int, stdout: str) -> str | None:
+    """Light correctness check of a run's output; returns a problem or None."""
+    if result["exit"] != 0:
+        return f"exit code {result['exit']}"
+    if name == "pack":
+        try:
+            summary = json.loads(stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return f"stdout is not a JSON summary: {stdout[:200]!r}"
+        result["pack_summary"] = {k: summary.get(k) for k in ("packed", "found", "bytes_in", "bytes_out", "seconds")}
+        if summary.get("packed") != n_files or summary.get("skipped"):
+            return f"packed {summary.get('packed')} of {n_files}, skipped {len(summary.get('skipped') or [])}"
+        result["output_bytes"] = summary.get("bytes_out")
+    elif name == "tar":
+        size = cmd["outputs"][0].stat().st_size
+        result["output_bytes"] = size
+        if size < tree_bytes:
+            return f"tar file is {size} bytes, smaller than the tree ({tree_bytes})"
+    elif name == "py-lmdb":
+        import lmdb
+
+        path = cmd["outputs"][0]
+        env = lmdb.open(str(path), readonly=True, lock=False)
+        entries = env.stat()["entries"]
+        env.close()
+        result["output_bytes"] = (path / "data.mdb").stat().st_size
+        if entries != 2 * n_files:
+            return f"{entries} records, expected {2 * n_files}"
+    return None
+
+
+def fmt(x: float, digits: int = 2) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def summarise(runs: dict[str, list[dict]], n_files: int, tree_bytes: int) -> dict[str, dict]:
+    summary = {}
+    for name, rs in runs.items():
+        ok = [r for r in rs if r.get("problem") is None]
+        if not ok:
+            summary[name] = {"ok_runs": 0}
+            continue
+        walls = [r["wall_s"] for r in ok]
+        med = statistics.median(walls)
+        summary[name] = {
+            "ok_runs": len(ok),
+            "median_s": med,
+            "min_s": min(walls),
+            "max_s": max(walls),
+            "images_per_s": n_files / med,
+            "mb_per_s": tree_bytes / MB / med,
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in ok),
+            "median_user_s": statistics.median(r["user_s"] for r in ok),
+            "median_sys_s": statistics.median(r["sys_s"] for r in ok),
+            "output_mb": statistics.median(r.get("output_bytes") or 0 for r in ok) / MB,
+        }
+    tar = summary.get("tar", {}).get("median_s")
+    for s in summary.values():
+        if tar and "median_s" in s:
+            s["ratio_to_tar"] = s["median_s"] / tar
+    return summary
+
+
+def markdown(summary: dict, commands: dict, meta: dict) -> str:
+    lines = [
+        f"### pack vs durable tar: {meta['images']:,} JPEGs, {meta['classes']} classes, "
+        f"{meta['tree_bytes'] / MB:,.0f} MB, warm cache, "
+        f"{meta['rounds']} timed round{'s' if meta['rounds'] != 1 else ''} "
+        f"(+{meta['warmup_rounds']} untimed warm-up), {meta['settle_s']:g} s settle before each run",
+        "",
+        "| command | median s | min s | images/s | MB/s | peak RSS MB | × durable tar |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in summary.items():
+        label = commands[name]["label"]
+        if not s.get("ok_runs"):
+            lines.append(f"| {label} | failed | | | | | |")
+            continue
+        ratio = f"{s['ratio_to_tar']:.2f}" if "ratio_to_tar" in s else "n/a"
+        lines.append(
+            f"| {label} | {fmt(s['median_s'])} | {fmt(s['min_s'])} | {fmt(s['images_per_s'], 0)} | "
+            f"{fmt(s['mb_per_s'], 0)} | {fmt(s['peak_rss_mb'], 1)} | {ratio} |"
+        )
+    lines += [
+        "",
+        "| command | median user s | median sys s | output MB |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, s in summary.items():
+        if s.get("ok_runs"):
+            lines.append(f"| {commands[name]['label']} | {fmt(s['median_user_s'])} | {fmt(s['median_sys_s'])} | "
+                         f"{fmt(s['output_mb'], 0)} |")
+    lines += [
+        "",
+        f"MB = 10^6 bytes of source images; peak RSS is the maximum over rounds (os.wait4 ru_maxrss); "
+        f"ratio = median / median of durable tar. Machine: {meta['machine']}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def verdicts(summary: dict) -> list[str]:
+    out = []
+    pack = summary.get("pack", {})
+    if not pack.get("ok_runs"):
+        return ["FAIL: pack did not complete successfully"]
+    rss = pack["peak_rss_mb"]
+    if rss <= RSS_LIMIT_MB:
+        out.append(f"PASS: pack peak RSS {rss:.1f} MB <= {RSS_LIMIT_MB:.0f} MB")
+    else:
+        out.append(f"FAIL: pack peak RSS {rss:.1f} MB > {RSS_LIMIT_MB:.0f} MB")
+    ratio = pack.get("ratio_to_tar")
+    if ratio is None:
+        out.append("FAIL: no durable-tar time to compare pack with")
+    elif ratio <= RATIO_LIMIT:
+        out.append(f"PASS: pack/tar median time ratio {ratio:.2f} <= {RATIO_LIMIT}")
+    else:
+        out.append(f"FAIL: pack/tar median time ratio {ratio:.2f} > {RATIO_LIMIT}")
+    return out
+
+
+def loadavg() -> float | None:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def tool_version(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine_description() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Linux {platform.release()}"
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def default_python() -> str:
+    venv = Path.home() / ".cache/imgpack-venv/bin/python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tree", type=Path, default=None,
+                   help="where the generated ImageFolder tree is cached [default: OUT/imagenet-like, "
+                        "or OUT/imagenet-like-quick with --quick]")
+    p.add_argument("--out", type=Path, default=REPO / "bench-out",
+                   help="output directory for the packed outputs and the results [default: bench-out in the repository]")
+    p.add_argument("--images", type=int, default=None, help="number of images [default: 15000; 500 with --quick]")
+    p.add_argument("--classes", type=int, default=None, help="number of classes [default: 150; 10 with --quick]")
+    p.add_argument("--rounds", type=int, default=None, help="timed rounds of the three commands [default: 3; 1 with --quick]")
+    p.add_argument("--warmup-rounds", type=int, default=None,
+                   help="untimed rounds of all commands before the timed ones [default: 1; 0 with --quick]")
+    p.add_argument("--settle", type=float, default=None,
+                   help="seconds to wait after deleting the previous outputs and syncing, before each run "
+                        "[default: 5; 0 with --quick]")
+    p.add_argument("--seed", type=int, default=20240601, help="generator seed [default: %(default)s]")
+    p.add_argument("--jobs", type=int, default=2, help="processes used to generate the tree [default: %(default)s]")
+    p.add_argument("--pack", type=Path, default=REPO / "target/release/pack", help="the pack binary [default: target/release/pack in the repository]")
+    p.add_argument("--python", default=default_python(), help="python with py-lmdb, for the py-lmdb baseline [default: %(default)s]")
+    p.add_argument("--only", default="pack,tar,py-lmdb", help="comma-separated subset of pack,tar,py-lmdb [default: all three]")
+    p.add_argument("--quick", action="store_true", help="small tree, one round: a smoke test")
+    p.add_argument("--build", action="store_true", help="run `cargo build --release` first")
+    p.add_argument("--regenerate", action="store_true", help="delete and regenerate the tree")
+    p.add_argument("--generate-only", action="store_true", help="make the tree and stop")
+    args = p.parse_args()
+    if args.images is None:
+        args.images = 500 if args.quick else 15_000
+    if args.classes is None:
+        args.classes = 10 if args.quick else 150
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    if args.settle is None:
+        args.settle = 0.0 if args.quick else 5.0
+    if args.warmup_rounds is None:
+        args.warmup_rounds = 0 if args.quick else 1
+    if args.tree is None:
+        args.tree = args.out / ("imagenet-like-quick" if args.quick else "imagenet-like")
+    if args.images < args.classes or args.classes < 1 or args.rounds < 1:
+        p.error("need --classes >= 1, --images >= --classes and --rounds >= 1")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    out = args.out.resolve()
+    tree = args.tree.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    tree.parent.mkdir(parents=True, exist_ok=True)
+
+    record = ensure_tree(args, tree)
+    if args.generate_only:
+        return 0
+
+    if args.build:
+        subprocess.run(["cargo", "build", "--release"], cwd=REPO, check=True)
+    pack = Path(args.pack).resolve()
+    args.pack = pack
+    if not os.access(pack, os.X_OK):
+        sys.exit(f"error: no pack binary at {pack}; run `cargo build --release` (or pass --build / --pack)")
+    newest_src = max((p.stat().st_mtime for d in ("src", "reader/src") for p in (REPO / d).rglob("*.rs")), default=0)
+    if pack.stat().st_mtime < newest_src:
+        print(f"warning: {pack} is older than the Rust sources; rebuild with `cargo build --release`")
+
+    files = tree_files(tree)
+    n_files = len(files)
+    tree_bytes = sum(p.stat().st_size for p in files)
+    if n_files != args.images:
+        sys.exit(f"error: {tree} holds {n_files} files, expected {args.images}; pass --regenerate")
+
+    commands = make_commands(args, tree, out)
+    order = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = set(order) - set(commands)
+    if unknown:
+        sys.exit(f"error: --only: unknown command(s) {sorted(unknown)}")
+    commands = {n: commands[n] for n in order}
+
+    load = loadavg()
+    if load is not None and load > 0.5:
+        print(f"warning: 1-minute load average is {load:.2f}; other work on the machine skews the timings")
+    print(f"warm-up: reading {n_files} files ({tree_bytes / MB:,.0f} MB) once, untimed ...", flush=True)
+    warm = warm_up(files)
+    resident = resident_fraction(files)
+    print(f"warm-up: {warm:.1f}s" + (f"; {resident:.1%} of the tree is in the page cache" if resident is not None else ""))
+
+    logs = out / ("logs-quick" if args.quick else "logs")
+    if logs.exists():
+        shutil.rmtree(logs)  # only this run's logs, so none is mistaken for a current one
+    logs.mkdir()
+    runs: dict[str, list[dict]] = {n: [] for n in commands}
+    warmups: dict[str, list[dict]] = {n: [] for n in commands}
+    names = list(commands)
+    total = args.warmup_rounds + args.rounds
+    for k in range(total):
+        warming = k < args.warmup_rounds
+        rnd = k - args.warmup_rounds
+        tag = f"warm-up {k + 1}/{args.warmup_rounds}" if warming else f"round {rnd + 1}/{args.rounds}"
+        # Alternate the commands, rotating which goes first each round, so no command always
+        # runs right after the same other one.
+        rotated = names[k % len(names):] + names[:k % len(names)]
+        for name in rotated:
+            cmd = commands[name]
+            for o in cmd["outputs"]:
+                remove(o)
+            os.sync()  # the deletion's writeback/discard happens here, not in the timed run
+            # Let the kernel settle (free-page reporting to a VM host, writeback of metadata) so
+            # every run starts from the same state, whatever ran just before it.
+            time.sleep(args.settle)
+            stem = f"{name}-w{k + 1}" if warming else f"{name}-r{rnd + 1}"
+            stdout_path = logs / f"{stem}.stdout"
+            stderr_path = logs / f"{stem}.stderr"
+            run_load = loadavg()
+            result = run_timed(cmd["argv"], stdout_path, stderr_path)
+            result["loadavg_1m_before"] = run_load
+            result["round"] = None if warming else rnd + 1
+            result["problem"] = check_output(name, result, cmd, n_files, tree_bytes,
+                                             stdout_path.read_text(errors="replace"))
+            (warmups if warming else runs)[name].append(result)
+            note = f"  PROBLEM: {result['problem']} (see {stderr_path})" if result["problem"] else ""
+            print(f"{tag:13s} {name:8s} {result['wall_s']:7.2f}s  "
+                  f"peak RSS {result['peak_rss_mb']:7.1f} MB  user {result['user_s']:6.2f}s  "
+                  f"sys {result['sys_s']:6.2f}s{note}", flush=True)
+            for o in cmd["outputs"]:
+                remove(o)
+    os.sync()
+    resident_after = resident_fraction(files)
+
+    summary = summarise(runs, n_files, tree_bytes)
+    meta = {
+        "images": n_files,
+        "classes": args.classes,
+        "tree": str(tree),
+        "tree_bytes": tree_bytes,
+        "tree_stats": record.get("stats"),
+        "rounds": args.rounds,
+        "warmup_rounds": args.warmup_rounds,
+        "settle_s": args.settle,
+        "machine": machine_description(),
+        "warm_up_s": warm,
+        "tree_resident_before": resident,
+        "tree_resident_after": resident_after,
+        "pack": str(pack),
+        "pack_version": tool_version([str(pack), "--version"]),
+        "git_commit": tool_version(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
+        "tar_version": tool_version(["tar", "--version"]),
+        "sync_version": tool_version(["sync", "--version"]),
+        "python": args.python,
+        "py_lmdb_version": tool_version([args.python, "-c", "import lmdb; print(lmdb.__version__)"]),
+        "filesystem": tool_version(["findmnt", "-no", "FSTYPE,OPTIONS", "-T", str(out)]),
+        "loadavg_1m_at_start": load,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    table = markdown(summary, commands, meta)
+    checks = verdicts(summary) if "pack" in commands else []
+    print()
+    print(table)
+    for line in checks:
+        print(line)
+
+    stem = "pack_vs_tar-quick" if args.quick else "pack_vs_tar"
+    (out / f"{stem}.md").write_text(table + "\n" + "\n".join(checks) + "\n")
+    raw = {
+        "meta": meta,
+        "commands": {n: {"label": c["label"], "argv": c["argv"]} for n, c in commands.items()},
+        "runs": runs,
+        "warmup_runs": warmups,
+        "summary": summary,
+        "checks": checks,
+        "limits": {"pack_peak_rss_mb": RSS_LIMIT_MB, "pack_over_tar": RATIO_LIMIT},
+    }
+    (out / f"{stem}.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
+    print(f"\nwrote {out / f'{stem}.md'} and {out / f'{stem}.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
