@@ -6,6 +6,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use imgpack::config::{OnError, OutputFormat, PackConfig, SourceKind, DEFAULT_PREFIX};
 use imgpack::sink::webdataset::ShardLimits;
 use imgpack::size::ByteSize;
+use imgpack::transcode::decode::DEFAULT_MAX_PIXELS;
+use imgpack::transcode::{Decode, DecodeOptions, Mode, Reencode, Resize, Subsampling, Transcoder};
 
 /// Pack image datasets into few large files that training jobs read fast.
 ///
@@ -123,7 +125,186 @@ pub struct PackArgs {
     pub on_error: OnErrorArg,
 
     #[command(flatten)]
+    pub transcode: TranscodeArgs,
+
+    #[command(flatten)]
     pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// Store each image's bytes unchanged.
+    Passthrough,
+    /// Decode, optionally resize, and encode a JPEG.
+    Reencode,
+    /// Decode, optionally resize and crop, and store uint8 pixels as .npy.
+    Decode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ColorArg {
+    /// Three channels, as PIL's convert("RGB") gives (what torchvision's loader does).
+    Rgb,
+    /// Keep greyscale images as one channel.
+    Keep,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SubsamplingArg {
+    #[value(name = "420")]
+    S420,
+    #[value(name = "422")]
+    S422,
+    #[value(name = "444")]
+    S444,
+}
+
+/// What happens to each image.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Transcoding")]
+pub struct TranscodeArgs {
+    /// passthrough (bytes unchanged), reencode (resize + JPEG) or decode (pixels as .npy).
+    ///
+    /// Example: --mode reencode --resize-shorter 256 --quality 90
+    #[arg(long, value_enum, default_value = "passthrough", value_name = "MODE")]
+    pub mode: ModeArg,
+
+    /// Resize so the shorter side is N pixels, aspect kept (torchvision's Resize(N)).
+    #[arg(long, value_name = "N", conflicts_with = "max_side", value_parser = clap::value_parser!(u32).range(1..))]
+    pub resize_shorter: Option<u32>,
+
+    /// Resize so the longer side is at most N pixels (FFCV's max_resolution).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_side: Option<u32>,
+
+    /// Also enlarge images smaller than the target (by default they are never upscaled).
+    #[arg(long)]
+    pub upscale: bool,
+
+    /// JPEG quality for --mode reencode [default: 90].
+    #[arg(long, value_name = "Q", value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub quality: Option<u8>,
+
+    /// Chroma subsampling for --mode reencode [default: 420].
+    #[arg(long, value_enum, value_name = "S")]
+    pub subsampling: Option<SubsamplingArg>,
+
+    /// --mode reencode: store a JPEG that already fits the size bound unchanged (no second
+    /// lossy encode), if it decodes to RGB or greyscale.
+    #[arg(long)]
+    pub keep_if_fits: bool,
+
+    /// --mode decode: centre-crop (padding with zeros if needed) to N x N after resizing, for
+    /// fixed-size records.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub center_crop: Option<u32>,
+
+    /// --mode decode: compress the pixels, stored as field npy.zst. Example: --compress zstd:3
+    #[arg(long, value_name = "zstd[:LEVEL]")]
+    pub compress: Option<String>,
+
+    /// Output colour: rgb (default), or keep greyscale as one channel.
+    #[arg(long, value_enum, value_name = "C")]
+    pub color: Option<ColorArg>,
+
+    /// Apply the EXIF orientation (torchvision's loader ignores it, so this is off by default).
+    #[arg(long)]
+    pub exif_rotate: bool,
+
+    /// Skip images with more pixels than this, before decoding them (decompression bombs)
+    /// [default: 178956970, Pillow's limit].
+    #[arg(long, value_name = "N")]
+    pub max_pixels: Option<u64>,
+}
+
+impl TranscodeArgs {
+    /// The transcoder; a flag that does not apply to the chosen mode is refused by name.
+    pub fn to_transcoder(&self) -> imgpack::Result<Transcoder> {
+        let given = |flag: &'static str, set: bool| set.then_some(flag);
+        let not_for = |mode: &str, flags: &[Option<&'static str>]| -> imgpack::Result<()> {
+            match flags.iter().flatten().next() {
+                Some(flag) => Err(imgpack::Error::Usage(format!(
+                    "{flag} does not apply to --mode {mode}; drop it or choose a --mode it applies to"
+                ))),
+                None => Ok(()),
+            }
+        };
+        let resize = self.resize_shorter.map(Resize::ShorterSide).or(self.max_side.map(Resize::MaxSide));
+        let reencode_only = [
+            given("--quality", self.quality.is_some()),
+            given("--subsampling", self.subsampling.is_some()),
+            given("--keep-if-fits", self.keep_if_fits),
+        ];
+        let decode_only = [
+            given("--center-crop", self.center_crop.is_some()),
+            given("--compress", self.compress.is_some()),
+        ];
+        let mode = match self.mode {
+            ModeArg::Passthrough => {
+                not_for(
+                    "passthrough",
+                    &[
+                        given("--resize-shorter", self.resize_shorter.is_some()),
+                        given("--max-side", self.max_side.is_some()),
+                        given("--upscale", self.upscale),
+                        given("--color", self.color.is_some()),
+                        given("--exif-rotate", self.exif_rotate),
+                    ],
+                )?;
+                not_for("passthrough", &reencode_only)?;
+                not_for("passthrough", &decode_only)?;
+                Mode::Passthrough
+            }
+            ModeArg::Reencode => {
+                not_for("reencode", &decode_only)?;
+                Mode::Reencode(Reencode {
+                    resize,
+                    upscale: self.upscale,
+                    quality: self.quality.unwrap_or(90),
+                    subsampling: match self.subsampling.unwrap_or(SubsamplingArg::S420) {
+                        SubsamplingArg::S420 => Subsampling::S420,
+                        SubsamplingArg::S422 => Subsampling::S422,
+                        SubsamplingArg::S444 => Subsampling::S444,
+                    },
+                    keep_if_fits: self.keep_if_fits,
+                })
+            }
+            ModeArg::Decode => {
+                not_for("decode", &reencode_only)?;
+                Mode::Decode(Decode {
+                    resize,
+                    upscale: self.upscale,
+                    center_crop: self.center_crop,
+                    zstd_level: self.compress.as_deref().map(parse_compress).transpose()?,
+                })
+            }
+        };
+        if self.upscale && resize.is_none() {
+            return Err(imgpack::Error::Usage("--upscale needs --resize-shorter or --max-side".into()));
+        }
+        Ok(Transcoder {
+            mode,
+            decode: DecodeOptions {
+                keep_gray: self.color == Some(ColorArg::Keep),
+                exif_rotate: self.exif_rotate,
+                max_pixels: self.max_pixels.unwrap_or(DEFAULT_MAX_PIXELS),
+            },
+        })
+    }
+}
+
+/// `zstd` or `zstd:LEVEL` (1..=22) to a zstd level.
+fn parse_compress(text: &str) -> imgpack::Result<i32> {
+    let level = match text.split_once(':') {
+        None if text == "zstd" => Some(3),
+        Some(("zstd", level)) => level.parse().ok().filter(|l| (1..=22).contains(l)),
+        _ => None,
+    };
+    level.ok_or_else(|| {
+        imgpack::Error::Usage(format!(
+            "--compress {text:?}: write zstd or zstd:LEVEL with LEVEL from 1 to 22"
+        ))
+    })
 }
 
 /// How results are reported.
@@ -180,6 +361,7 @@ impl PackArgs {
             OnErrorArg::Fail => OnError::Fail,
         };
         config.overwrite = self.overwrite;
+        config.transcoder = self.transcode.to_transcoder()?;
         Ok(config)
     }
 }
@@ -252,5 +434,57 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("unknown unit"), "{err}");
+    }
+
+    fn transcoder(args: &[&str]) -> imgpack::Result<Transcoder> {
+        let argv = [&["pack", "convert", "x", "--to", "lmdb", "-o", "y"][..], args].concat();
+        let Command::Convert(parsed) = Cli::try_parse_from(argv).unwrap().command else { panic!("convert") };
+        parsed.transcode.to_transcoder()
+    }
+
+    #[test]
+    fn mode_flags_are_checked_against_the_mode() {
+        let err = transcoder(&["--quality", "80"]).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "--quality does not apply to --mode passthrough; drop it or choose a --mode it applies to"
+        );
+        let err = transcoder(&["--mode", "reencode", "--center-crop", "224"]).unwrap_err().to_string();
+        assert!(err.starts_with("--center-crop does not apply to --mode reencode"), "{err}");
+        let err = transcoder(&["--mode", "decode", "--keep-if-fits"]).unwrap_err().to_string();
+        assert!(err.starts_with("--keep-if-fits does not apply to --mode decode"), "{err}");
+        assert!(transcoder(&["--mode", "reencode", "--upscale"]).is_err());
+    }
+
+    #[test]
+    fn reencode_defaults_and_decode_compression() {
+        let t = transcoder(&["--mode", "reencode", "--resize-shorter", "256"]).unwrap();
+        let Mode::Reencode(r) = t.mode else { panic!("reencode") };
+        assert_eq!(
+            (r.quality, r.subsampling, r.resize),
+            (90, Subsampling::S420, Some(Resize::ShorterSide(256)))
+        );
+        assert_eq!(t.decode.max_pixels, 178_956_970);
+        let t = transcoder(&["--mode", "decode", "--compress", "zstd:7", "--color", "keep"]).unwrap();
+        assert!(matches!(t.mode, Mode::Decode(Decode { zstd_level: Some(7), .. })));
+        assert!(t.decode.keep_gray);
+        assert!(transcoder(&["--mode", "decode", "--compress", "gzip"]).is_err());
+        assert!(transcoder(&["--mode", "decode", "--compress", "zstd:99"]).is_err());
+        let conflict = Cli::try_parse_from([
+            "pack",
+            "convert",
+            "x",
+            "--to",
+            "lmdb",
+            "-o",
+            "y",
+            "--mode",
+            "reencode",
+            "--resize-shorter",
+            "1",
+            "--max-side",
+            "2",
+        ]);
+        assert!(conflict.is_err());
     }
 }

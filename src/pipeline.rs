@@ -126,7 +126,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                     Ok(image) => {
                         let key = format_key(report.packed, width);
                         report.packed += 1;
-                        report.bytes_in += image.bytes.len() as u64;
+                        report.bytes_in += image.source_bytes;
                         *report.formats.entry(image.format.extension().to_string()).or_default() += 1;
                         report.kept_unchanged += u64::from(image.kept);
                         stored.insert(image.ext);
@@ -255,6 +255,7 @@ mod tests {
             width: 1,
             height: 1,
             kept: false,
+            source_bytes: len as u64,
         })
     }
 

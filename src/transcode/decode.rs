@@ -109,7 +109,8 @@ pub fn decode(
     Ok(if options.keep_gray || pixels.channels == 3 { pixels } else { gray_to_rgb(pixels) })
 }
 
-fn check_pixels(width: u32, height: u32, options: &DecodeOptions) -> Result<(), String> {
+/// Refuses images larger than `--max-pixels`, in every mode: Pillow would refuse to open them.
+pub fn check_pixels(width: u32, height: u32, options: &DecodeOptions) -> Result<(), String> {
     let pixels = u64::from(width) * u64::from(height);
     if pixels > options.max_pixels {
         return Err(format!(

@@ -78,6 +78,8 @@ pub struct Image {
     pub height: u32,
     /// Re-encoding kept the source bytes unchanged (`--keep-if-fits`).
     pub kept: bool,
+    /// Size of the source image in bytes.
+    pub source_bytes: u64,
 }
 
 /// Applies a mode to images; cheap to share between threads.
@@ -94,9 +96,11 @@ impl Transcoder {
     /// skipped, in words for the summary.
     pub fn apply(&self, bytes: Vec<u8>) -> Result<Image, String> {
         let (format, width, height) = check::check(&bytes)?;
+        decode::check_pixels(width, height, &self.decode)?;
+        let source_bytes = bytes.len() as u64;
         match self.mode {
             Mode::Passthrough => {
-                Ok(Image { format, ext: format.extension(), bytes, width, height, kept: false })
+                Ok(Image { format, ext: format.extension(), bytes, width, height, kept: false, source_bytes })
             }
             Mode::Reencode(r) => {
                 let (tw, th) = self.oriented_target(&bytes, format, width, height, r.resize, r.upscale);
@@ -104,7 +108,15 @@ impl Transcoder {
                     let info = decode::jpeg_info(&bytes)?;
                     let upright = !self.decode.exif_rotate || decode::exif_orientation(&bytes) == 1;
                     if !info.cmyk && upright {
-                        return Ok(Image { format, ext: "jpg", bytes, width, height, kept: true });
+                        return Ok(Image {
+                            format,
+                            ext: "jpg",
+                            bytes,
+                            width,
+                            height,
+                            kept: true,
+                            source_bytes,
+                        });
                     }
                 }
                 let pixels = self.decode_to(&bytes, format, tw, th)?;
@@ -116,6 +128,7 @@ impl Transcoder {
                     width: pixels.width,
                     height: pixels.height,
                     kept: false,
+                    source_bytes,
                 })
             }
             Mode::Decode(d) => {
@@ -129,7 +142,15 @@ impl Transcoder {
                     Some(level) => (NPY_ZSTD_FIELD, encode::zstd(&npy, level)?),
                     None => (NPY_FIELD, npy),
                 };
-                Ok(Image { format, ext, bytes, width: pixels.width, height: pixels.height, kept: false })
+                Ok(Image {
+                    format,
+                    ext,
+                    bytes,
+                    width: pixels.width,
+                    height: pixels.height,
+                    kept: false,
+                    source_bytes,
+                })
             }
         }
     }
