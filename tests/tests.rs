@@ -6,4 +6,5 @@ mod util;
 mod bad_input;
 mod convert;
 mod lmdb_roundtrip;
+mod transcode;
 mod webdataset;
