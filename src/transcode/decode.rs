@@ -5,8 +5,9 @@
 //! upsampling), as Pillow's do, so pixels match exactly; grey is expanded to three channels;
 //! CMYK and YCCK JPEGs are read as Adobe-inverted CMYK and converted with Pillow's formula;
 //! alpha is dropped, not composited; palettes are looked up; 16-bit RGB keeps the high byte and
-//! 16-bit grey is clipped to 255 — both exactly what Pillow does. EXIF orientation is ignored
-//! unless asked for, as torchvision ignores it.
+//! 16-bit grey is clipped to 255 — both exactly what Pillow does; Netpbm files with another
+//! maxval are scaled as Pillow scales them ([`pnm`]). EXIF orientation is ignored unless asked
+//! for, as torchvision ignores it — except a TIFF's, which Pillow applies when loading.
 //!
 //! JPEGs can be decoded at 1/2, 1/4 or 1/8 scale inside the IDCT (libjpeg-turbo's DCT scaling),
 //! which is where most of the speed of a resize comes from: a 2000-pixel photo bound for 256
@@ -20,6 +21,7 @@ use imgpack_reader::ImageFormat;
 use turbojpeg::{Colorspace, Decompressor, PixelFormat, ScalingFactor};
 
 use super::check::codec;
+use super::pnm;
 
 /// Decoded pixels: `channels` interleaved 8-bit samples per pixel, rows top to bottom.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,11 +104,39 @@ pub fn decode(
     options: &DecodeOptions,
     at_least: Option<(u32, u32)>,
 ) -> Result<Pixels, String> {
+    let orientation = orientation(bytes, format, options);
     let pixels = match format {
-        ImageFormat::Jpeg => decode_jpeg(bytes, options, at_least)?,
-        _ => decode_other(bytes, format, options)?,
+        ImageFormat::Jpeg => decode_jpeg(bytes, options, at_least, orientation)?,
+        ImageFormat::Ppm | ImageFormat::Pgm => pnm::decode(bytes)?,
+        _ => decode_other(bytes, format)?,
     };
+    let pixels =
+        if orientation > 1 && format != ImageFormat::Jpeg { orient(pixels, orientation) } else { pixels };
     Ok(if options.keep_gray || pixels.channels == 3 { pixels } else { gray_to_rgb(pixels) })
+}
+
+/// The orientation (1..=8, EXIF numbering) an image is brought to when decoded: what Pillow's
+/// loader does by default — it applies a TIFF's Orientation tag when loading, and nothing else —
+/// plus the EXIF orientation of JPEG, PNG and WebP images with `--exif-rotate`.
+pub fn orientation(bytes: &[u8], format: ImageFormat, options: &DecodeOptions) -> u16 {
+    match format {
+        ImageFormat::Tiff => tiff_orientation(bytes).unwrap_or(1),
+        ImageFormat::Jpeg if options.exif_rotate => exif_orientation(bytes),
+        ImageFormat::Png | ImageFormat::Webp if options.exif_rotate => {
+            let reader = image::ImageReader::with_format(Cursor::new(bytes), codec(format));
+            reader.into_decoder().ok().and_then(|mut d| d.orientation().ok()).map_or(1, |o| match o {
+                image::metadata::Orientation::NoTransforms => 1,
+                image::metadata::Orientation::FlipHorizontal => 2,
+                image::metadata::Orientation::Rotate180 => 3,
+                image::metadata::Orientation::FlipVertical => 4,
+                image::metadata::Orientation::Rotate90FlipH => 5,
+                image::metadata::Orientation::Rotate90 => 6,
+                image::metadata::Orientation::Rotate270FlipH => 7,
+                image::metadata::Orientation::Rotate270 => 8,
+            })
+        }
+        _ => 1,
+    }
 }
 
 /// Refuses images larger than `--max-pixels`, in every mode: Pillow would refuse to open them.
@@ -125,10 +155,10 @@ fn decode_jpeg(
     bytes: &[u8],
     options: &DecodeOptions,
     at_least: Option<(u32, u32)>,
+    orientation: u16,
 ) -> Result<Pixels, String> {
     let info = jpeg_info(bytes)?;
     check_pixels(info.width, info.height, options)?;
-    let orientation = if options.exif_rotate { exif_orientation(bytes) } else { 1 };
     // The scaled size must still cover the target once the orientation is applied.
     let at_least = at_least.map(|(w, h)| if orientation >= 5 { (h, w) } else { (w, h) });
     let scale = [ScalingFactor::ONE_EIGHTH, ScalingFactor::ONE_QUARTER, ScalingFactor::ONE_HALF]
@@ -166,19 +196,11 @@ fn decode_jpeg(
     Ok(if orientation != 1 { orient(pixels, orientation) } else { pixels })
 }
 
-fn decode_other(bytes: &[u8], format: ImageFormat, options: &DecodeOptions) -> Result<Pixels, String> {
+fn decode_other(bytes: &[u8], format: ImageFormat) -> Result<Pixels, String> {
     let reader = image::ImageReader::with_format(Cursor::new(bytes), codec(format));
-    let mut decoder = reader.into_decoder().map_err(|e| format!("corrupt or truncated {format}: {e}"))?;
-    let (width, height) = decoder.dimensions();
-    check_pixels(width, height, options)?;
-    let orientation = if options.exif_rotate {
-        decoder.orientation().map_err(|e| format!("{format} metadata: {e}"))?
-    } else {
-        image::metadata::Orientation::NoTransforms
-    };
-    let mut image =
+    let decoder = reader.into_decoder().map_err(|e| format!("corrupt or truncated {format}: {e}"))?;
+    let image =
         DynamicImage::from_decoder(decoder).map_err(|e| format!("corrupt or truncated {format}: {e}"))?;
-    image.apply_orientation(orientation);
     let (width, height) = (image.width(), image.height());
     let (channels, data) = match image {
         DynamicImage::ImageLuma8(buf) => (1, buf.into_raw()),
@@ -248,6 +270,7 @@ pub fn exif_orientation(jpeg: &[u8]) -> u16 {
     1
 }
 
+/// The Orientation tag (1..=8) of IFD0 of a TIFF structure (a TIFF file or an EXIF block).
 fn tiff_orientation(tiff: &[u8]) -> Option<u16> {
     let big = match tiff.get(..2)? {
         b"MM" => true,

@@ -13,6 +13,7 @@
 pub mod check;
 pub mod decode;
 pub mod encode;
+pub mod pnm;
 pub mod resize;
 
 use imgpack_reader::format::{NPY_FIELD, NPY_ZSTD_FIELD};
@@ -106,7 +107,10 @@ impl Transcoder {
                 let (tw, th) = self.oriented_target(&bytes, format, width, height, r.resize, r.upscale);
                 if r.keep_if_fits && format == ImageFormat::Jpeg && (tw, th) == (width, height) {
                     let info = decode::jpeg_info(&bytes)?;
-                    let upright = !self.decode.exif_rotate || decode::exif_orientation(&bytes) == 1;
+                    let upright = decode::orientation(&bytes, format, &self.decode) == 1;
+                    // A full (1/8-scale: cheap) decode proves it loads: a truncated or corrupt
+                    // file must be skipped here as it would be when re-encoded.
+                    decode::decode(&bytes, format, &self.decode, Some((1, 1)))?;
                     if !info.cmyk && upright {
                         return Ok(Image {
                             format,
@@ -165,8 +169,7 @@ impl Transcoder {
         resize: Option<Resize>,
         upscale: bool,
     ) -> (u32, u32) {
-        let swapped =
-            self.decode.exif_rotate && format == ImageFormat::Jpeg && decode::exif_orientation(bytes) >= 5;
+        let swapped = decode::orientation(bytes, format, &self.decode) >= 5;
         let (w, h) = if swapped { (height, width) } else { (width, height) };
         resize::target_size(w, h, resize, upscale)
     }

@@ -20,6 +20,10 @@ BAD = TESTDATA / "bad"
 
 # Field extension of each image format, as the writer must sniff it from the bytes.
 IMAGE_EXTS = ("jpg", "png", "webp", "bmp", "tiff", "ppm", "pgm")
+# Fields of decoded pixels (`--mode decode`): a NumPy .npy file, or the same zstd-compressed.
+PIXEL_EXTS = ("npy", "npy.zst")
+# A sample holds exactly one of these: its image, or its decoded pixels.
+PAYLOAD_EXTS = IMAGE_EXTS + PIXEL_EXTS
 
 
 def sniff_ext(data: bytes) -> str | None:
@@ -96,7 +100,9 @@ class Packed:
 def read_lmdb(path: Path) -> Packed:
     """Read a whole dataset written by `pack --to lmdb` and check its layout: `__meta__`
     present, keys `{i:0{key_width}}.{ext}` for i in 0..samples with no gap and nothing else,
-    each sample with exactly one image field plus `cls` and `json`."""
+    each sample with exactly one image field (or, from `--mode decode`, one `npy` or `npy.zst`
+    pixel field; `Sample.image_ext` / `Sample.image` then name and hold that field) plus `cls`
+    and `json`."""
     assert (Path(path) / "data.mdb").is_file(), f"{path} is not an LMDB environment directory"
     env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
     try:
@@ -135,8 +141,8 @@ def read_lmdb(path: Path) -> Packed:
     for i, key in enumerate(expected_keys):
         fields = by_key[key]
         all_exts |= set(fields)
-        image_exts = [e for e in fields if e in IMAGE_EXTS]
-        assert len(image_exts) == 1, f"sample {key} has image fields {image_exts}; fields {sorted(fields)}"
+        image_exts = [e for e in fields if e in PAYLOAD_EXTS]
+        assert len(image_exts) == 1, f"sample {key} has image/pixel fields {image_exts}; fields {sorted(fields)}"
         assert set(fields) == {image_exts[0], "cls", "json"}, f"sample {key} has fields {sorted(fields)}"
         image = fields[image_exts[0]]
         cls_text = fields["cls"].decode("ascii")
