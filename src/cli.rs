@@ -7,7 +7,7 @@ use imgpack::config::{OnError, OutputFormat, PackConfig, SourceKind, DEFAULT_PRE
 use imgpack::sink::webdataset::ShardLimits;
 use imgpack::size::ByteSize;
 use imgpack::transcode::decode::DEFAULT_MAX_PIXELS;
-use imgpack::transcode::{Decode, DecodeOptions, Mode, Reencode, Resize, Subsampling, Transcoder};
+use imgpack::transcode::{Decode, DecodeOptions, Filter, Mode, Reencode, Resize, Subsampling, Transcoder};
 
 /// Pack image datasets into few large files that training jobs read fast.
 ///
@@ -150,6 +150,14 @@ pub enum ColorArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FilterArg {
+    /// Lanczos3, antialiased: the sharpest.
+    Lanczos3,
+    /// Antialiased bilinear, as torchvision's default Resize.
+    Bilinear,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SubsamplingArg {
     #[value(name = "420")]
     S420,
@@ -180,6 +188,11 @@ pub struct TranscodeArgs {
     /// Also enlarge images smaller than the target (by default they are never upscaled).
     #[arg(long)]
     pub upscale: bool,
+
+    /// Resampling filter: lanczos3 (sharpest) or bilinear (torchvision's default Resize, ~10%
+    /// faster) [default: lanczos3].
+    #[arg(long, value_enum, value_name = "F")]
+    pub resize_filter: Option<FilterArg>,
 
     /// JPEG quality for --mode reencode [default: 90].
     #[arg(long, value_name = "Q", value_parser = clap::value_parser!(u8).range(1..=100))]
@@ -230,6 +243,10 @@ impl TranscodeArgs {
             }
         };
         let resize = self.resize_shorter.map(Resize::ShorterSide).or(self.max_side.map(Resize::MaxSide));
+        let filter = match self.resize_filter.unwrap_or(FilterArg::Lanczos3) {
+            FilterArg::Bilinear => Filter::Bilinear,
+            FilterArg::Lanczos3 => Filter::Lanczos3,
+        };
         let reencode_only = [
             given("--quality", self.quality.is_some()),
             given("--subsampling", self.subsampling.is_some()),
@@ -247,6 +264,7 @@ impl TranscodeArgs {
                         given("--resize-shorter", self.resize_shorter.is_some()),
                         given("--max-side", self.max_side.is_some()),
                         given("--upscale", self.upscale),
+                        given("--resize-filter", self.resize_filter.is_some()),
                         given("--color", self.color.is_some()),
                         given("--exif-rotate", self.exif_rotate),
                     ],
@@ -260,6 +278,7 @@ impl TranscodeArgs {
                 Mode::Reencode(Reencode {
                     resize,
                     upscale: self.upscale,
+                    filter,
                     quality: self.quality.unwrap_or(90),
                     subsampling: match self.subsampling.unwrap_or(SubsamplingArg::S420) {
                         SubsamplingArg::S420 => Subsampling::S420,
@@ -274,6 +293,7 @@ impl TranscodeArgs {
                 Mode::Decode(Decode {
                     resize,
                     upscale: self.upscale,
+                    filter,
                     center_crop: self.center_crop,
                     zstd_level: self.compress.as_deref().map(parse_compress).transpose()?,
                 })

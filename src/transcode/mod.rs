@@ -22,7 +22,7 @@ use serde_json::json;
 
 pub use decode::{DecodeOptions, Pixels};
 pub use encode::Subsampling;
-pub use resize::Resize;
+pub use resize::{Filter, Resize};
 
 /// Re-encoding settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +31,8 @@ pub struct Reencode {
     pub resize: Option<Resize>,
     /// Allow enlarging images smaller than the target.
     pub upscale: bool,
+    /// The resampling filter.
+    pub filter: Filter,
     /// JPEG quality, 1..=100.
     pub quality: u8,
     /// Chroma subsampling.
@@ -46,6 +48,8 @@ pub struct Decode {
     pub resize: Option<Resize>,
     /// Allow enlarging images smaller than the target.
     pub upscale: bool,
+    /// The resampling filter.
+    pub filter: Filter,
     /// Centre-crop (or pad) to N x N after resizing.
     pub center_crop: Option<u32>,
     /// zstd level, if compressing (stored as `npy.zst`).
@@ -123,7 +127,7 @@ impl Transcoder {
                         });
                     }
                 }
-                let pixels = self.decode_to(&bytes, format, tw, th)?;
+                let pixels = self.decode_to(&bytes, format, tw, th, r.filter)?;
                 let jpeg = encode::jpeg(&pixels, r.quality, r.subsampling)?;
                 Ok(Image {
                     format,
@@ -137,7 +141,7 @@ impl Transcoder {
             }
             Mode::Decode(d) => {
                 let (tw, th) = self.oriented_target(&bytes, format, width, height, d.resize, d.upscale);
-                let mut pixels = self.decode_to(&bytes, format, tw, th)?;
+                let mut pixels = self.decode_to(&bytes, format, tw, th, d.filter)?;
                 if let Some(n) = d.center_crop {
                     pixels = resize::center_crop(pixels, n);
                 }
@@ -182,9 +186,10 @@ impl Transcoder {
         format: ImageFormat,
         width: u32,
         height: u32,
+        filter: Filter,
     ) -> Result<Pixels, String> {
         let pixels = decode::decode(bytes, format, &self.decode, Some((width, height)))?;
-        resize::resize(pixels, width, height)
+        resize::resize(pixels, width, height, filter)
     }
 
     /// The settings as recorded in the dataset metadata.
@@ -203,7 +208,7 @@ impl Transcoder {
                     "quality": r.quality,
                     "subsampling": match r.subsampling { Subsampling::S420 => "420", Subsampling::S422 => "422", Subsampling::S444 => "444" },
                     "keep_if_fits": r.keep_if_fits,
-                    "resize_filter": "lanczos3",
+                    "resize_filter": r.filter.name(),
                 });
                 merge(&mut v, resize(r.resize));
                 v
@@ -214,7 +219,7 @@ impl Transcoder {
                     "upscale": d.upscale,
                     "center_crop": d.center_crop,
                     "compress": d.zstd_level.map(|l| format!("zstd:{l}")),
-                    "resize_filter": "lanczos3",
+                    "resize_filter": d.filter.name(),
                 });
                 merge(&mut v, resize(d.resize));
                 v

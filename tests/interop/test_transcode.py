@@ -681,15 +681,16 @@ RESIZE_FILTERS = {
 }
 
 
-def test_decode_resize_and_crop(reencode_tree, pack_bin):
+@pytest.mark.parametrize("filter_args", [[], ["--resize-filter", "bilinear"]], ids=["default", "bilinear"])
+def test_decode_resize_and_crop(reencode_tree, pack_bin, filter_args):
     """`--resize-shorter 64 --center-crop 56`: fixed 56x56x3 records equal, up to rounding, to
     torchvision's `Compose([Resize(64, F), CenterCrop(56)])`, F the filter the metadata names
     (no Resize where pack does not upscale). A JPEG source may be scaled down in the DCT
     domain first (as Pillow's `draft()` does), so it only has to be close."""
-    out = reencode_tree.parent / "resize-crop.lmdb"
+    out = reencode_tree.parent / f"resize-crop-{'-'.join(filter_args) or 'default'}.lmdb"
     pack_json(
         pack_bin, "imagefolder", reencode_tree, "--to", "lmdb", "-o", out,
-        "--mode", "decode", "--resize-shorter", "64", "--center-crop", "56",
+        "--mode", "decode", "--resize-shorter", "64", "--center-crop", "56", *filter_args,
     )
     packed = read_lmdb(out)
     name = packed.meta["options"].get("resize_filter")
