@@ -237,8 +237,7 @@ mod tests {
     }
 
     /// A plain float resize, the reference the SIMD resizer is measured against.
-    fn reference(p: &Pixels, w: usize, h: usize, kernel: fn(f64) -> f64, radius: f64) -> Vec<f64> {
-        let pass = Pass { kernel, radius };
+    fn reference(p: &Pixels, w: usize, h: usize, pass: &Pass) -> Vec<f64> {
         let c = p.channels as usize;
         let (sw, sh) = (p.width as usize, p.height as usize);
         let src: Vec<f64> = p.data.iter().map(|&v| f64::from(v)).collect();
@@ -272,19 +271,21 @@ mod tests {
         crate::transcode::decode::decode(&bytes, format, &Default::default(), None).unwrap()
     }
 
-    const FILTERS: [(Filter, fn(f64) -> f64, f64); 2] =
-        [(Filter::Bilinear, triangle, 1.0), (Filter::Lanczos3, lanczos3, 3.0)];
+    const FILTERS: [(Filter, Pass); 2] = [
+        (Filter::Bilinear, Pass { kernel: triangle, radius: 1.0 }),
+        (Filter::Lanczos3, Pass { kernel: lanczos3, radius: 3.0 }),
+    ];
 
     #[test]
     fn simd_resize_is_close_to_a_float_reference() {
-        for (filter, kernel, radius) in FILTERS {
+        for (filter, pass) in FILTERS {
             for (name, w, h) in [
                 ("space/rocket_01.jpg", 97, 65),
                 ("cat/chelsea_03.jpg", 125, 100),
                 ("texture/gravel_01.jpg", 64, 64),
             ] {
                 let p = photo(name);
-                let expected = reference(&p, w, h, kernel, radius);
+                let expected = reference(&p, w, h, &pass);
                 let ours = resize(p, w as u32, h as u32, filter).unwrap();
                 let db = psnr(&ours.data, &expected);
                 eprintln!("{} {name} -> {w}x{h}: PSNR {db:.1} dB", filter.name());
@@ -304,7 +305,7 @@ mod tests {
         .unwrap();
         let full = photo(name);
         let (w, h) = (120, 60);
-        let expected = reference(&full, w, h, lanczos3, 3.0);
+        let expected = reference(&full, w, h, &Pass { kernel: lanczos3, radius: 3.0 });
         let scaled = crate::transcode::decode::decode(
             &bytes,
             imgpack_reader::ImageFormat::Jpeg,
