@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark `pack imagefolder --to lmdb` against durable tar and a plain py-lmdb script.
+"""Benchmark `pack imagefolder` (to LMDB and to WebDataset) against durable tar and plain Python scripts.
 
 See benches/README.md for what it measures and how to read the results. In short:
 
@@ -11,15 +11,18 @@ See benches/README.md for what it measures and how to read the results. In short
    of 80-110 kB each under --tree, in parallel over --jobs processes.
 2. Reads the whole tree once (untimed) so every timed run starts from a warm page cache.
 3. Runs, alternating them, for --rounds rounds, into the same output directory:
-     pack   : pack imagefolder TREE --to lmdb -o OUT/pack.lmdb --overwrite --quiet --json
-     tar    : bash -c 'tar -cf OUT/tar.tar -C TREE . && sync OUT/tar.tar'
-     py-lmdb: PYTHON benches/py_lmdb_pack.py TREE OUT/py.lmdb
+     pack    : pack imagefolder TREE --to lmdb -o OUT/pack.lmdb --overwrite --quiet --json
+     pack-wds: pack imagefolder TREE --to webdataset -o OUT/p.wds --shard-size 1GB --overwrite --quiet --json
+     tar     : bash -c 'tar -cf OUT/tar.tar -C TREE . && sync OUT/tar.tar'
+     py-lmdb : PYTHON benches/py_lmdb_pack.py TREE OUT/py.lmdb
+     py-wds  : PYTHON benches/py_wds_pack.py TREE OUT/py.wds   (webdataset.ShardWriter + fsync)
    Outputs are deleted and `sync` is run between runs, outside the timed region. Wall time is
    measured around fork/exec/wait, peak RSS comes from os.wait4's rusage (for tar, that is the
    largest of bash, tar and sync).
 4. Prints a Markdown table (also written to OUT/pack_vs_tar.md, raw numbers to
-   OUT/pack_vs_tar.json) and PASS/FAIL lines for pack's targets (peak RSS <= 300 MB, median
-   time <= 1.2 x durable tar). It never exits non-zero because a target is missed.
+   OUT/pack_vs_tar.json) and PASS/FAIL lines for pack's targets (LMDB: peak RSS <= 300 MB,
+   median time <= 1.2 x durable tar; WebDataset: peak RSS <= 300 MB, median time <= 1.05 x
+   durable tar). It never exits non-zero because a target is missed.
 """
 
 from __future__ import annotations
@@ -50,8 +53,17 @@ JPEG_QUALITY = 90
 # (width, height, probability): ImageNet's most common shapes.
 SHAPES = [(500, 375, 0.75), (375, 500, 0.15), (500, 333, 0.10)]
 
-RSS_LIMIT_MB = 300.0
+RSS_LIMIT_MB = 300.0  # pack --to lmdb
 RATIO_LIMIT = 1.2
+WDS_RSS_LIMIT_MB = 300.0  # pack --to webdataset
+WDS_RATIO_LIMIT = 1.05
+WDS_SHARD_SIZE = 1_000_000_000  # --shard-size 1GB, and py_wds_pack.py's ShardWriter maxsize
+# Tar bytes per sample beyond the image itself, at most: pack writes 3 members (jpg, cls, json of
+# < 512 bytes), each a 512-byte header plus < 512 bytes of padding; webdataset's TarWriter writes
+# 2 (jpg, cls), each also preceded by a PAX header (512 + 512 bytes) for its fractional mtime.
+PACK_WDS_MAX_OVERHEAD = 3 * 1024
+PY_WDS_MAX_OVERHEAD = 2 * 2048
+COMMANDS = ("pack", "pack-wds", "tar", "py-lmdb", "py-wds")
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 1e6  # all "MB" in this benchmark are 10^6 bytes
@@ -332,14 +344,22 @@ def run_timed(argv: list[str], stdout_path: Path, stderr_path: Path) -> dict:
 
 def make_commands(args, tree: Path, out: Path) -> dict[str, dict]:
     pack_out = out / "pack.lmdb"
+    wds_out = out / "p.wds"
     tar_out = out / "tar.tar"
     py_out = out / "py.lmdb"
+    py_wds_out = out / "py.wds"
     return {
         "pack": {
             "label": "pack imagefolder --to lmdb",
             "argv": [str(args.pack), "imagefolder", str(tree), "--to", "lmdb", "-o", str(pack_out),
                      "--overwrite", "--quiet", "--json"],
             "outputs": [pack_out, out / f".{pack_out.name}.imgpack-tmp", out / f".{pack_out.name}.imgpack-tmp-old"],
+        },
+        "pack-wds": {
+            "label": "pack imagefolder --to webdataset",
+            "argv": [str(args.pack), "imagefolder", str(tree), "--to", "webdataset", "-o", str(wds_out),
+                     "--shard-size", "1GB", "--overwrite", "--quiet", "--json"],
+            "outputs": [wds_out, out / f".{wds_out.name}.imgpack-tmp", out / f".{wds_out.name}.imgpack-tmp-old"],
         },
         "tar": {
             "label": "tar -cf + sync (durable tar)",
@@ -351,14 +371,62 @@ def make_commands(args, tree: Path, out: Path) -> dict[str, dict]:
             "argv": [str(args.python), str(HERE / "py_lmdb_pack.py"), str(tree), str(py_out)],
             "outputs": [py_out],
         },
+        "py-wds": {
+            "label": "py-wds script (benches/py_wds_pack.py)",
+            "argv": [str(args.python), str(HERE / "py_wds_pack.py"), str(tree), str(py_wds_out)],
+            "outputs": [py_wds_out],
+        },
     }
+
+
+def count_tar_members(path: Path) -> tuple[int, list[str]]:
+    """(number of members, the first few names) of a tar file, reading only its headers."""
+    import tarfile
+
+    n = 0
+    first: list[str] = []
+    with tarfile.open(path, "r:") as t:
+        for m in t:
+            n += 1
+            if len(first) < 3:
+                first.append(m.name)
+    return n, first
+
+
+def check_shards(directory: Path, n_files: int, tree_bytes: int, members_per_sample: int,
+                 max_overhead: int, max_shard_bytes: int | None) -> tuple[list[Path], str | None]:
+    """Checks a directory of shard-NNNNNN.tar files: present, numbered from 0, total size
+    plausible for the tree, every member counted. Returns (shards, problem or None)."""
+    shards = sorted(directory.glob("shard-*.tar"))
+    if not shards:
+        return shards, f"no shard-*.tar in {directory}"
+    expected_names = [f"shard-{i:06d}.tar" for i in range(len(shards))]
+    if [p.name for p in shards] != expected_names:
+        return shards, f"shards are not numbered from 0: {[p.name for p in shards][:5]}"
+    sizes = [p.stat().st_size for p in shards]
+    total = sum(sizes)
+    # Each shard ends with at least two zero blocks and is padded to a whole record (10240 bytes).
+    upper = tree_bytes + n_files * max_overhead + len(shards) * 20 * 512
+    if not tree_bytes <= total <= upper:
+        return shards, f"shards total {total} bytes, expected {tree_bytes} to {upper}"
+    if max_shard_bytes is not None and max(sizes) > max_shard_bytes:
+        return shards, f"a shard is {max(sizes)} bytes, over the {max_shard_bytes}-byte shard size"
+    members = 0
+    for p in shards:
+        n, first = count_tar_members(p)
+        members += n
+        if p == shards[0] and (not first or not first[0].startswith("00000000.")):
+            return shards, f"{p.name} starts with {first}, not sample 00000000"
+    if members != members_per_sample * n_files:
+        return shards, f"{members} tar members, expected {members_per_sample} x {n_files}"
+    return shards, None
 
 
 def check_output(name: str, result: dict, cmd: dict, n_files: int, tree_bytes: int, stdout: str) -> str | None:
     """Light correctness check of a run's output; returns a problem or None."""
     if result["exit"] != 0:
         return f"exit code {result['exit']}"
-    if name == "pack":
+    if name in ("pack", "pack-wds"):
         try:
             summary = json.loads(stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -367,6 +435,36 @@ def check_output(name: str, result: dict, cmd: dict, n_files: int, tree_bytes: i
         if summary.get("packed") != n_files or summary.get("skipped"):
             return f"packed {summary.get('packed')} of {n_files}, skipped {len(summary.get('skipped') or [])}"
         result["output_bytes"] = summary.get("bytes_out")
+    if name == "pack-wds":
+        out = cmd["outputs"][0]
+        if not out.is_dir():
+            return f"{out} is not a directory"
+        shards, problem = check_shards(out, n_files, tree_bytes, 3, PACK_WDS_MAX_OVERHEAD, WDS_SHARD_SIZE)  # jpg, cls, json
+        if problem:
+            return problem
+        for extra in ("shardindex.json", "imgpack.json", "imgpack.index", *(p.with_suffix(".idx").name for p in shards)):
+            if not (out / extra).is_file():
+                return f"{out / extra} is missing"
+        try:
+            listed = json.loads((out / "shardindex.json").read_text())["shardlist"]
+        except (ValueError, KeyError) as e:
+            return f"shardindex.json unreadable: {e}"
+        if [e.get("url") for e in listed] != [p.name for p in shards]:
+            return f"shardindex.json lists {[e.get('url') for e in listed][:5]}, not the shards on disk"
+        if sum(e.get("nsamples", 0) for e in listed) != n_files:
+            return f"shardindex.json counts {sum(e.get('nsamples', 0) for e in listed)} samples, not {n_files}"
+        if any(e.get("filesize") != p.stat().st_size for e, p in zip(listed, shards)):
+            return "shardindex.json file sizes differ from the shards on disk"
+        result["shards"] = len(shards)
+        # Everything written: shards, .idx files and the indexes.
+        result["output_bytes"] = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+    elif name == "py-wds":
+        out = cmd["outputs"][0]
+        shards, problem = check_shards(out, n_files, tree_bytes, 2, PY_WDS_MAX_OVERHEAD, None)  # jpg, cls
+        if problem:
+            return problem
+        result["shards"] = len(shards)
+        result["output_bytes"] = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     elif name == "tar":
         size = cmd["outputs"][0].stat().st_size
         result["output_bytes"] = size
@@ -455,22 +553,28 @@ def markdown(summary: dict, commands: dict, meta: dict) -> str:
 
 
 def verdicts(summary: dict) -> list[str]:
+    """PASS/FAIL lines for the targets of whichever of pack and pack-wds ran."""
     out = []
-    pack = summary.get("pack", {})
-    if not pack.get("ok_runs"):
-        return ["FAIL: pack did not complete successfully"]
-    rss = pack["peak_rss_mb"]
-    if rss <= RSS_LIMIT_MB:
-        out.append(f"PASS: pack peak RSS {rss:.1f} MB <= {RSS_LIMIT_MB:.0f} MB")
-    else:
-        out.append(f"FAIL: pack peak RSS {rss:.1f} MB > {RSS_LIMIT_MB:.0f} MB")
-    ratio = pack.get("ratio_to_tar")
-    if ratio is None:
-        out.append("FAIL: no durable-tar time to compare pack with")
-    elif ratio <= RATIO_LIMIT:
-        out.append(f"PASS: pack/tar median time ratio {ratio:.2f} <= {RATIO_LIMIT}")
-    else:
-        out.append(f"FAIL: pack/tar median time ratio {ratio:.2f} > {RATIO_LIMIT}")
+    for name, rss_limit, ratio_limit in (("pack", RSS_LIMIT_MB, RATIO_LIMIT),
+                                         ("pack-wds", WDS_RSS_LIMIT_MB, WDS_RATIO_LIMIT)):
+        if name not in summary:
+            continue
+        s = summary[name]
+        if not s.get("ok_runs"):
+            out.append(f"FAIL: {name} did not complete successfully")
+            continue
+        rss = s["peak_rss_mb"]
+        if rss <= rss_limit:
+            out.append(f"PASS: {name} peak RSS {rss:.1f} MB <= {rss_limit:.0f} MB")
+        else:
+            out.append(f"FAIL: {name} peak RSS {rss:.1f} MB > {rss_limit:.0f} MB")
+        ratio = s.get("ratio_to_tar")
+        if ratio is None:
+            out.append(f"FAIL: no durable-tar time to compare {name} with")
+        elif ratio <= ratio_limit:
+            out.append(f"PASS: {name}/tar median time ratio {ratio:.2f} <= {ratio_limit}")
+        else:
+            out.append(f"FAIL: {name}/tar median time ratio {ratio:.2f} > {ratio_limit}")
     return out
 
 
@@ -518,7 +622,7 @@ def parse_args() -> argparse.Namespace:
                    help="output directory for the packed outputs and the results [default: bench-out in the repository]")
     p.add_argument("--images", type=int, default=None, help="number of images [default: 15000; 500 with --quick]")
     p.add_argument("--classes", type=int, default=None, help="number of classes [default: 150; 10 with --quick]")
-    p.add_argument("--rounds", type=int, default=None, help="timed rounds of the three commands [default: 3; 1 with --quick]")
+    p.add_argument("--rounds", type=int, default=None, help="timed rounds of the commands [default: 3; 1 with --quick]")
     p.add_argument("--warmup-rounds", type=int, default=None,
                    help="untimed rounds of all commands before the timed ones [default: 1; 0 with --quick]")
     p.add_argument("--settle", type=float, default=None,
@@ -527,8 +631,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=20240601, help="generator seed [default: %(default)s]")
     p.add_argument("--jobs", type=int, default=2, help="processes used to generate the tree [default: %(default)s]")
     p.add_argument("--pack", type=Path, default=REPO / "target/release/pack", help="the pack binary [default: target/release/pack in the repository]")
-    p.add_argument("--python", default=default_python(), help="python with py-lmdb, for the py-lmdb baseline [default: %(default)s]")
-    p.add_argument("--only", default="pack,tar,py-lmdb", help="comma-separated subset of pack,tar,py-lmdb [default: all three]")
+    p.add_argument("--python", default=default_python(),
+                   help="python with py-lmdb and webdataset, for the py-lmdb and py-wds baselines [default: %(default)s]")
+    p.add_argument("--only", default=",".join(COMMANDS),
+                   help=f"comma-separated subset of {','.join(COMMANDS)}, in the order given [default: all five]")
     p.add_argument("--quick", action="store_true", help="small tree, one round: a smoke test")
     p.add_argument("--build", action="store_true", help="run `cargo build --release` first")
     p.add_argument("--regenerate", action="store_true", help="delete and regenerate the tree")
@@ -656,12 +762,13 @@ def main() -> int:
         "sync_version": tool_version(["sync", "--version"]),
         "python": args.python,
         "py_lmdb_version": tool_version([args.python, "-c", "import lmdb; print(lmdb.__version__)"]),
+        "webdataset_version": tool_version([args.python, "-c", "import webdataset; print(webdataset.__version__)"]),
         "filesystem": tool_version(["findmnt", "-no", "FSTYPE,OPTIONS", "-T", str(out)]),
         "loadavg_1m_at_start": load,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     table = markdown(summary, commands, meta)
-    checks = verdicts(summary) if "pack" in commands else []
+    checks = verdicts(summary)
     print()
     print(table)
     for line in checks:
@@ -676,7 +783,8 @@ def main() -> int:
         "warmup_runs": warmups,
         "summary": summary,
         "checks": checks,
-        "limits": {"pack_peak_rss_mb": RSS_LIMIT_MB, "pack_over_tar": RATIO_LIMIT},
+        "limits": {"pack_peak_rss_mb": RSS_LIMIT_MB, "pack_over_tar": RATIO_LIMIT,
+                   "pack_wds_peak_rss_mb": WDS_RSS_LIMIT_MB, "pack_wds_over_tar": WDS_RATIO_LIMIT},
     }
     (out / f"{stem}.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
     print(f"\nwrote {out / f'{stem}.md'} and {out / f'{stem}.json'}")

@@ -71,6 +71,8 @@ pub struct JpegInfo {
     pub gray: bool,
     /// CMYK or YCCK (four components).
     pub cmyk: bool,
+    /// YCbCr, the ordinary colour JPEG, with this chroma subsampling.
+    pub ycbcr: Option<turbojpeg::Subsamp>,
 }
 
 /// Reads a JPEG's header.
@@ -82,11 +84,13 @@ pub fn jpeg_info(bytes: &[u8]) -> Result<JpegInfo, String> {
             height: header.height as u32,
             gray: header.colorspace == Colorspace::Gray,
             cmyk: matches!(header.colorspace, Colorspace::CMYK | Colorspace::YCCK),
+            ycbcr: (header.colorspace == Colorspace::YCbCr).then_some(header.subsamp),
         })
     })
 }
 
-fn with_decompressor<T>(f: impl FnOnce(&mut Decompressor) -> Result<T, String>) -> Result<T, String> {
+/// Runs `f` with this thread's JPEG decoder (created on first use).
+pub fn with_decompressor<T>(f: impl FnOnce(&mut Decompressor) -> Result<T, String>) -> Result<T, String> {
     DECOMPRESSOR.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
@@ -139,6 +143,19 @@ pub fn orientation(bytes: &[u8], format: ImageFormat, options: &DecodeOptions) -
     }
 }
 
+/// The smallest of libjpeg-turbo's SIMD-accelerated IDCT scalings (1/8, 1/4, 1/2) that keeps
+/// both sides at least `at_least`; 1 when none does or no size is asked for.
+pub fn dct_scale(info: &JpegInfo, at_least: Option<(u32, u32)>) -> ScalingFactor {
+    [ScalingFactor::ONE_EIGHTH, ScalingFactor::ONE_QUARTER, ScalingFactor::ONE_HALF]
+        .into_iter()
+        .find(|s| {
+            at_least.is_some_and(|(w, h)| {
+                s.scale(info.width as usize) >= w as usize && s.scale(info.height as usize) >= h as usize
+            })
+        })
+        .unwrap_or(ScalingFactor::ONE)
+}
+
 /// Refuses images larger than `--max-pixels`, in every mode: Pillow would refuse to open them.
 pub fn check_pixels(width: u32, height: u32, options: &DecodeOptions) -> Result<(), String> {
     let pixels = u64::from(width) * u64::from(height);
@@ -161,14 +178,7 @@ fn decode_jpeg(
     check_pixels(info.width, info.height, options)?;
     // The scaled size must still cover the target once the orientation is applied.
     let at_least = at_least.map(|(w, h)| if orientation >= 5 { (h, w) } else { (w, h) });
-    let scale = [ScalingFactor::ONE_EIGHTH, ScalingFactor::ONE_QUARTER, ScalingFactor::ONE_HALF]
-        .into_iter()
-        .find(|s| {
-            at_least.is_some_and(|(w, h)| {
-                s.scale(info.width as usize) >= w as usize && s.scale(info.height as usize) >= h as usize
-            })
-        })
-        .unwrap_or(ScalingFactor::ONE);
+    let scale = dct_scale(&info, at_least);
     let (format, channels) = match (info.gray, info.cmyk) {
         (true, _) => (PixelFormat::GRAY, 1u8),
         (_, true) => (PixelFormat::CMYK, 4),

@@ -40,15 +40,21 @@ pub fn jpeg(pixels: &Pixels, quality: u8, subsampling: Subsampling) -> Result<Ve
         height: pixels.height as usize,
         format,
     };
+    with_compressor(|c| {
+        c.set_quality(i32::from(quality)).map_err(|e| format!("jpg encode: {e}"))?;
+        c.set_subsamp(subsamp).map_err(|e| format!("jpg encode: {e}"))?;
+        c.compress_to_vec(image).map_err(|e| format!("jpg encode: {e}"))
+    })
+}
+
+/// Runs `f` with this thread's JPEG encoder (created on first use).
+pub fn with_compressor<T>(f: impl FnOnce(&mut Compressor) -> Result<T, String>) -> Result<T, String> {
     COMPRESSOR.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
             *slot = Some(Compressor::new().map_err(|e| format!("cannot start the JPEG encoder: {e}"))?);
         }
-        let c = slot.as_mut().expect("set above");
-        c.set_quality(i32::from(quality)).map_err(|e| format!("jpg encode: {e}"))?;
-        c.set_subsamp(subsamp).map_err(|e| format!("jpg encode: {e}"))?;
-        c.compress_to_vec(image).map_err(|e| format!("jpg encode: {e}"))
+        f(slot.as_mut().expect("set above"))
     })
 }
 

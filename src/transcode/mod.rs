@@ -15,6 +15,7 @@ pub mod decode;
 pub mod encode;
 pub mod pnm;
 pub mod resize;
+pub mod yuv;
 
 use imgpack_reader::format::{NPY_FIELD, NPY_ZSTD_FIELD};
 use imgpack_reader::ImageFormat;
@@ -100,7 +101,15 @@ impl Transcoder {
     /// Turns a source image's bytes into what is stored. The error is the reason the sample is
     /// skipped, in words for the summary.
     pub fn apply(&self, bytes: Vec<u8>) -> Result<Image, String> {
-        let (format, width, height) = check::check(&bytes)?;
+        // A JPEG about to be decoded by libjpeg-turbo is checked by libjpeg-turbo's own header
+        // parser; everything else, and anything stored unchanged, by the generic check.
+        let (format, width, height) = match ImageFormat::sniff(&bytes) {
+            Some(ImageFormat::Jpeg) if self.mode != Mode::Passthrough => {
+                let info = decode::jpeg_info(&bytes)?;
+                (ImageFormat::Jpeg, info.width, info.height)
+            }
+            _ => check::check(&bytes)?,
+        };
         decode::check_pixels(width, height, &self.decode)?;
         let source_bytes = bytes.len() as u64;
         match self.mode {
@@ -127,14 +136,29 @@ impl Transcoder {
                         });
                     }
                 }
-                let pixels = self.decode_to(&bytes, format, tw, th, r.filter)?;
-                let jpeg = encode::jpeg(&pixels, r.quality, r.subsampling)?;
+                // An upright YCbCr JPEG takes the planar fast path; anything else goes via RGB.
+                let fast = if format == ImageFormat::Jpeg {
+                    let info = decode::jpeg_info(&bytes)?;
+                    let upright = decode::orientation(&bytes, format, &self.decode) == 1;
+                    decode::check_pixels(info.width, info.height, &self.decode)?;
+                    (info.ycbcr.is_some_and(|s| s != turbojpeg::Subsamp::Unknown) && upright).then_some(info)
+                } else {
+                    None
+                };
+                let jpeg = match fast {
+                    Some(info) => yuv::reencode(&bytes, &info, tw, th, r.filter, r.quality, r.subsampling)?,
+                    None => encode::jpeg(
+                        &self.decode_to(&bytes, format, tw, th, r.filter)?,
+                        r.quality,
+                        r.subsampling,
+                    )?,
+                };
                 Ok(Image {
                     format,
                     ext: "jpg",
                     bytes: jpeg,
-                    width: pixels.width,
-                    height: pixels.height,
+                    width: tw,
+                    height: th,
                     kept: false,
                     source_bytes,
                 })

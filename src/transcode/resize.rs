@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use fast_image_resize::images::Image as FirImage;
+use fast_image_resize::images::{Image as FirImage, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
 use super::decode::Pixels;
@@ -75,8 +75,44 @@ impl Filter {
     fn fir(self) -> FilterType {
         match self {
             Filter::Bilinear => FilterType::Bilinear,
-            Filter::Lanczos3 => FilterType::Lanczos3,
+            Filter::Lanczos3 => FilterType::Custom(
+                fast_image_resize::Filter::new("lanczos3", tabulated_lanczos3, 3.0)
+                    .expect("positive support"),
+            ),
         }
+    }
+}
+
+/// Samples of the Lanczos3 kernel per unit of x.
+const LANCZOS_STEPS: usize = 1024;
+
+/// The Lanczos3 kernel, read from a table with linear interpolation.
+///
+/// The resizer recomputes its coefficients for every image, and with the exact kernel (two sines
+/// per tap) that was about a tenth of the time of a whole re-encode. The table's error (under
+/// 2e-6) is far below the 14-bit precision the coefficients are quantised to.
+fn tabulated_lanczos3(x: f64) -> f64 {
+    static TABLE: std::sync::LazyLock<Vec<f64>> = std::sync::LazyLock::new(|| {
+        (0..=3 * LANCZOS_STEPS + 1).map(|i| lanczos3(i as f64 / LANCZOS_STEPS as f64)).collect()
+    });
+    let at = x.abs() * LANCZOS_STEPS as f64;
+    if at >= (3 * LANCZOS_STEPS) as f64 {
+        return 0.0;
+    }
+    let i = at as usize;
+    let f = at - i as f64;
+    TABLE[i] * (1.0 - f) + TABLE[i + 1] * f
+}
+
+/// The exact Lanczos3 kernel.
+fn lanczos3(x: f64) -> f64 {
+    if x == 0.0 {
+        1.0
+    } else if x.abs() < 3.0 {
+        let px = std::f64::consts::PI * x;
+        3.0 * px.sin() * (px / 3.0).sin() / (px * px)
+    } else {
+        0.0
     }
 }
 
@@ -97,6 +133,26 @@ pub fn resize(pixels: Pixels, width: u32, height: u32, filter: Filter) -> Result
     let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter.fir()));
     RESIZER.with(|r| r.borrow_mut().resize(&src, &mut dst, &options)).map_err(|e| format!("resize: {e}"))?;
     Ok(Pixels { width, height, channels, data: dst.into_vec() })
+}
+
+/// Resizes the `crop` (width, height; may be fractional) top-left region of a one-channel
+/// `stride_w` x `stride_h` plane to `width` x `height`.
+pub fn resize_plane(
+    plane: &[u8],
+    stride_w: usize,
+    stride_h: usize,
+    crop: (f64, f64),
+    width: usize,
+    height: usize,
+    filter: Filter,
+) -> Result<Vec<u8>, String> {
+    let src = ImageRef::new(stride_w as u32, stride_h as u32, plane, PixelType::U8)
+        .map_err(|e| format!("resize: {e}"))?;
+    let mut dst = FirImage::new(width as u32, height as u32, PixelType::U8);
+    let options =
+        ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter.fir())).crop(0.0, 0.0, crop.0, crop.1);
+    RESIZER.with(|r| r.borrow_mut().resize(&src, &mut dst, &options)).map_err(|e| format!("resize: {e}"))?;
+    Ok(dst.into_vec())
 }
 
 /// torchvision's `CenterCrop(n)`: pads with zeros when the image is smaller, then takes the
@@ -177,15 +233,14 @@ mod tests {
         assert!(r.data.iter().all(|&v| v == 77));
     }
 
-    fn lanczos3(x: f64) -> f64 {
-        if x == 0.0 {
-            1.0
-        } else if x.abs() < 3.0 {
-            let px = std::f64::consts::PI * x;
-            3.0 * px.sin() * (px / 3.0).sin() / (px * px)
-        } else {
-            0.0
-        }
+    #[test]
+    fn the_kernel_table_matches_the_exact_kernel() {
+        let worst = (0..60_000)
+            .map(|i| i as f64 / 10_000.0 - 3.0)
+            .map(|x| (tabulated_lanczos3(x) - lanczos3(x)).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 2e-6, "{worst}");
+        assert_eq!(tabulated_lanczos3(3.5), 0.0);
     }
 
     fn triangle(x: f64) -> f64 {
