@@ -413,6 +413,14 @@ fn map(path: &Path) -> Result<Mmap> {
 mod tests {
     use super::*;
 
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn datasets_are_send_and_sync() {
+        assert_send_sync::<WebDataset>();
+        assert_send_sync::<crate::Dataset>();
+    }
+
     #[test]
     fn index_entries_round_trip() {
         let e = IndexEntry { offset: 1 << 40, len: 123_456, shard: 7 };
