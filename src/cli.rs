@@ -422,37 +422,21 @@ mod tests {
         assert_eq!(err, "--shard-size applies to --to webdataset only; drop it or pass --to webdataset");
     }
 
+    /// `pack convert x --to webdataset -o y ARGS...`
+    fn convert_to_webdataset(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from([&["pack", "convert", "x", "--to", "webdataset", "-o", "y"][..], args].concat())
+    }
+
     #[test]
     fn shard_size_parses_units() {
-        let cli = Cli::try_parse_from([
-            "pack",
-            "convert",
-            "x",
-            "--to",
-            "webdataset",
-            "-o",
-            "y",
-            "--shard-size",
-            "512MiB",
-        ])
-        .unwrap();
-        let Command::Convert(args) = cli.command else { panic!("convert subcommand") };
+        let Command::Convert(args) = convert_to_webdataset(&["--shard-size", "512MiB"]).unwrap().command
+        else {
+            panic!("convert subcommand")
+        };
         let config = args.to_config(SourceKind::Detect).unwrap();
         let OutputFormat::WebDataset { limits, prefix } = config.format else { panic!("webdataset") };
         assert_eq!((limits.max_bytes, prefix.as_str()), (512 << 20, "shard"));
-        let err = Cli::try_parse_from([
-            "pack",
-            "convert",
-            "x",
-            "--to",
-            "webdataset",
-            "-o",
-            "y",
-            "--shard-size",
-            "1XB",
-        ])
-        .unwrap_err()
-        .to_string();
+        let err = convert_to_webdataset(&["--shard-size", "1XB"]).unwrap_err().to_string();
         assert!(err.contains("unknown unit"), "{err}");
     }
 
