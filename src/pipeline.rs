@@ -1,6 +1,6 @@
 //! The packing pipeline: list, load and check in parallel, write in order, publish.
 //!
-//! Samples are listed once and cut into chunks of about [`CHUNK_BYTES`] (sizes are learnt as
+//! Samples are listed once and cut into chunks of about 32 MiB (sizes are learnt as
 //! files are read, since listing does not `stat` them). A loader thread reads and checks each
 //! chunk on the worker pool (`--threads`) and hands it over a channel that holds at most one
 //! chunk; the calling thread writes chunks in order to the sink. So the
@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use imgpack_reader::format::{CLS_FIELD, JSON_FIELD};
 use imgpack_reader::key::{format_key, key_width};
-use imgpack_reader::{Meta, SampleInfo, SourceInfo, FORMAT_VERSION};
+use imgpack_reader::{ImageFormat, Meta, SampleInfo, SourceInfo, FORMAT_VERSION};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
 
@@ -127,7 +127,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                         let key = format_key(report.packed, width);
                         report.packed += 1;
                         report.bytes_in += image.source_bytes;
-                        *report.formats.entry(image.format.extension().to_string()).or_default() += 1;
+                        *report.formats.entry(image.kind.to_string()).or_default() += 1;
                         report.kept_unchanged += u64::from(image.kept);
                         stored.insert(image.ext);
                         batch.push(packed_sample(key, sample, &listing.classes, image));
@@ -196,7 +196,14 @@ fn load(
             format!("cannot read: {e}")
         }
     })?;
-    transcoder.apply(bytes)
+    let image = transcoder.apply(bytes)?;
+    if unpacking && ImageFormat::from_extension(image.ext).is_none() {
+        return Err(format!(
+            "holds decoded pixels ({}), not an image file; it cannot be unpacked into a tree",
+            image.ext
+        ));
+    }
+    Ok(image)
 }
 
 /// Builds the stored fields of one sample, sorted by extension.
@@ -249,7 +256,7 @@ mod tests {
 
     fn image(len: usize) -> Result<Image, String> {
         Ok(Image {
-            format: imgpack_reader::ImageFormat::Jpeg,
+            kind: "jpg",
             ext: "jpg",
             bytes: vec![0; len],
             width: 1,

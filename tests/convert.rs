@@ -117,3 +117,31 @@ fn unpacking_refuses_paths_that_leave_the_tree() {
     let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
     assert!(stderr.contains("evil.lmdb/00000000") && stderr.contains("refused"), "{stderr}");
 }
+
+#[test]
+fn a_pre_decoded_dataset_converts_between_formats_unchanged() {
+    let fx = Fixture::new();
+    let lmdb = fx.out("d.lmdb");
+    let wds = fx.out("d.wds");
+    pack(&[&"imagefolder", &fx.tree(), &"--to", &"lmdb", &"-o", &lmdb, &"-q"])
+        .args(["--mode", "decode", "--resize-shorter", "32", "--compress", "zstd"])
+        .assert()
+        .code(0);
+    pack(&[&lmdb, &"--to", &"webdataset", &"-o", &wds, &"-q"]).assert().code(0);
+    let (a_meta, a) = dump(&lmdb);
+    let (b_meta, b) = dump(&wds);
+    assert_eq!(a, b, "same keys and bytes");
+    assert_eq!(b_meta.fields, ["cls", "json", "npy.zst"]);
+    assert_eq!(a_meta.classes, b_meta.classes);
+
+    // Nothing to re-encode or unpack: every sample is refused with the reason, none is lost.
+    for extra in [&["--to", "webdataset", "--mode", "reencode"][..], &["--to", "imagefolder"]] {
+        let out = fx.out(&format!("x{}", extra.len()));
+        let assert = pack(&[&lmdb, &"-o", &out, &"--json"]).args(extra).assert().code(3);
+        let s = summary(&assert.get_output().stdout);
+        assert_eq!(s["packed"], 0);
+        let skipped = s["skipped"].as_array().unwrap();
+        assert_eq!(skipped.len(), a.len());
+        assert!(skipped[0]["reason"].as_str().unwrap().contains("decoded pixels (npy.zst)"), "{skipped:?}");
+    }
+}

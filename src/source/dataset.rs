@@ -50,7 +50,7 @@ impl Source for PackedDataset {
             if let Some(u) = used.get_mut(class as usize) {
                 *u = true;
             }
-            let size = sample.image().map_or(0, |(_, bytes)| bytes.len() as u64);
+            let size = sample.payload().map_or(0, |(_, bytes)| bytes.len() as u64);
             let path: PathBuf = self.dataset.path().join(&sample.key);
             samples.push(SourceSample { index: sample.index, path, rel_path, class, size });
             Ok(())
@@ -61,9 +61,9 @@ impl Source for PackedDataset {
 
     fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
         let stored = self.dataset.get(sample.index).map_err(std::io::Error::other)?;
-        match stored.image() {
+        match stored.payload() {
             Some((_, bytes)) => Ok(bytes.to_vec()),
-            None => Err(std::io::Error::other("the sample holds no image field")),
+            None => Err(std::io::Error::other("the sample holds neither an image nor a pixels (npy) field")),
         }
     }
 }

@@ -72,8 +72,9 @@ pub enum Mode {
 /// An image ready for a sink.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Image {
-    /// The format the source image was in.
-    pub format: ImageFormat,
+    /// What the source was: its image format's extension, or `npy` / `npy.zst` for decoded
+    /// pixels read back from a dataset packed with `--mode decode`.
+    pub kind: &'static str,
     /// The field extension it is stored under (`jpg`, `png`, `npy`, `npy.zst`, ...).
     pub ext: &'static str,
     /// The bytes to store.
@@ -101,6 +102,9 @@ impl Transcoder {
     /// Turns a source image's bytes into what is stored. The error is the reason the sample is
     /// skipped, in words for the summary.
     pub fn apply(&self, bytes: Vec<u8>) -> Result<Image, String> {
+        if let Some(ext) = pixels_kind(&bytes) {
+            return self.pass_pixels(bytes, ext);
+        }
         // A JPEG about to be decoded by libjpeg-turbo is checked by libjpeg-turbo's own header
         // parser; everything else, and anything stored unchanged, by the generic check.
         let (format, width, height) = match ImageFormat::sniff(&bytes) {
@@ -113,9 +117,15 @@ impl Transcoder {
         decode::check_pixels(width, height, &self.decode)?;
         let source_bytes = bytes.len() as u64;
         match self.mode {
-            Mode::Passthrough => {
-                Ok(Image { format, ext: format.extension(), bytes, width, height, kept: false, source_bytes })
-            }
+            Mode::Passthrough => Ok(Image {
+                kind: format.extension(),
+                ext: format.extension(),
+                bytes,
+                width,
+                height,
+                kept: false,
+                source_bytes,
+            }),
             Mode::Reencode(r) => {
                 let (tw, th) = self.oriented_target(&bytes, format, width, height, r.resize, r.upscale);
                 if r.keep_if_fits && format == ImageFormat::Jpeg && (tw, th) == (width, height) {
@@ -126,7 +136,7 @@ impl Transcoder {
                     decode::decode(&bytes, format, &self.decode, Some((1, 1)))?;
                     if !info.cmyk && upright {
                         return Ok(Image {
-                            format,
+                            kind: format.extension(),
                             ext: "jpg",
                             bytes,
                             width,
@@ -154,7 +164,7 @@ impl Transcoder {
                     )?,
                 };
                 Ok(Image {
-                    format,
+                    kind: format.extension(),
                     ext: "jpg",
                     bytes: jpeg,
                     width: tw,
@@ -175,7 +185,7 @@ impl Transcoder {
                     None => (NPY_FIELD, npy),
                 };
                 Ok(Image {
-                    format,
+                    kind: format.extension(),
                     ext,
                     bytes,
                     width: pixels.width,
@@ -185,6 +195,25 @@ impl Transcoder {
                 })
             }
         }
+    }
+
+    /// Decoded pixels read back from a `--mode decode` dataset: stored unchanged once their
+    /// header is checked, in passthrough only — there is no image left to re-encode or decode.
+    fn pass_pixels(&self, bytes: Vec<u8>, ext: &'static str) -> Result<Image, String> {
+        if self.mode != Mode::Passthrough {
+            return Err(format!(
+                "holds decoded pixels ({ext}), not an image; only --mode passthrough can convert such a dataset"
+            ));
+        }
+        let npy = if ext == NPY_ZSTD_FIELD {
+            zstd::decode_all(&bytes[..]).map_err(|e| format!("corrupt npy.zst: {e}"))?
+        } else {
+            bytes.clone()
+        };
+        let (width, height, _) =
+            encode::npy_shape(&npy).ok_or("corrupt npy: not a uint8 (H, W, C) array as pack writes")?;
+        let source_bytes = bytes.len() as u64;
+        Ok(Image { kind: ext, ext, bytes, width, height, kept: false, source_bytes })
     }
 
     /// The target size of an image as it will be once upright.
@@ -260,6 +289,17 @@ impl Transcoder {
             );
         }
         out
+    }
+}
+
+/// `npy` or `npy.zst` when `bytes` are decoded pixels as `--mode decode` stores them.
+fn pixels_kind(bytes: &[u8]) -> Option<&'static str> {
+    if bytes.starts_with(b"\x93NUMPY") {
+        Some(NPY_FIELD)
+    } else if bytes.starts_with(&[0x28, 0xB5, 0x2F, 0xFD]) {
+        Some(NPY_ZSTD_FIELD)
+    } else {
+        None
     }
 }
 
