@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::format::{ImageFormat, CLS_FIELD, JSON_FIELD};
+use crate::format::{ImageFormat, CLS_FIELD, JSON_FIELD, NPY_FIELD, NPY_ZSTD_FIELD};
 
 /// One field of a sample: an extension and the bytes stored under `{key}.{ext}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +55,17 @@ impl<'a> Sample<'a> {
     /// The image field: its format and bytes.
     pub fn image(&self) -> Option<(ImageFormat, &[u8])> {
         self.fields.iter().find_map(|f| ImageFormat::from_extension(&f.ext).map(|fmt| (fmt, &*f.data)))
+    }
+
+    /// The sample's payload: its image field, or its decoded-pixels field (`npy`, `npy.zst`),
+    /// as (extension, bytes).
+    pub fn payload(&self) -> Option<(&str, &[u8])> {
+        self.fields.iter().find_map(|f| {
+            let is_payload = ImageFormat::from_extension(&f.ext).is_some()
+                || f.ext == NPY_FIELD
+                || f.ext == NPY_ZSTD_FIELD;
+            is_payload.then_some((f.ext.as_str(), &*f.data))
+        })
     }
 
     /// The class index from the `cls` field.
