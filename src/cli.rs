@@ -11,9 +11,10 @@ use imgpack::transcode::{Decode, DecodeOptions, Filter, Mode, Reencode, Resize, 
 
 /// Pack image datasets into few large files that training jobs read fast.
 ///
-/// pack imagefolder SRC --to lmdb|webdataset -o OUT   packs an ImageFolder tree;
-/// pack SRC --to lmdb|webdataset|imagefolder -o OUT   does the same, or converts a dataset
-/// written by pack (detected from what is at SRC) into another format.
+/// `pack imagefolder SRC --to lmdb|webdataset -o OUT` packs an ImageFolder tree. `pack SRC --to
+/// lmdb|webdataset|imagefolder -o OUT` looks at SRC first: a dataset written by pack is
+/// converted into the other format (or unpacked into a tree), anything else is packed as an
+/// ImageFolder tree. `pack imagefolder --help` lists every option.
 ///
 /// Exit codes: 0 everything packed; 1 error, nothing published; 2 bad usage;
 /// 3 finished, but some files were skipped (listed in the summary).
