@@ -155,6 +155,41 @@ pub fn resize_plane(
     Ok(dst.into_vec())
 }
 
+/// Like [`resize_plane`], but writes into the top-left `width` x `height` of `dst`, a plane
+/// `dst_w` x `dst_h`, and fills the rest of `dst` by repeating the last column and row (the
+/// padding a JPEG encoder wants for odd sizes) — no intermediate buffer.
+#[allow(clippy::too_many_arguments)]
+pub fn resize_plane_into(
+    plane: &[u8],
+    stride_w: usize,
+    stride_h: usize,
+    crop: (f64, f64),
+    dst: &mut [u8],
+    (dst_w, dst_h): (usize, usize),
+    (width, height): (usize, usize),
+    filter: Filter,
+) -> Result<(), String> {
+    let src = ImageRef::new(stride_w as u32, stride_h as u32, plane, PixelType::U8)
+        .map_err(|e| format!("resize: {e}"))?;
+    let mut whole = FirImage::from_slice_u8(dst_w as u32, dst_h as u32, dst, PixelType::U8)
+        .map_err(|e| format!("resize: {e}"))?;
+    let mut view =
+        fast_image_resize::images::CroppedImageMut::new(&mut whole, 0, 0, width as u32, height as u32)
+            .map_err(|e| format!("resize: {e}"))?;
+    let options =
+        ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter.fir())).crop(0.0, 0.0, crop.0, crop.1);
+    RESIZER.with(|r| r.borrow_mut().resize(&src, &mut view, &options)).map_err(|e| format!("resize: {e}"))?;
+    for y in 0..height {
+        let row = &mut dst[y * dst_w..(y + 1) * dst_w];
+        let last = row[width - 1];
+        row[width..].fill(last);
+    }
+    for y in height..dst_h {
+        dst.copy_within((height - 1) * dst_w..height * dst_w, y * dst_w);
+    }
+    Ok(())
+}
+
 /// torchvision's `CenterCrop(n)`: pads with zeros when the image is smaller, then takes the
 /// centre, the top-left offset rounded half to even as Python's `round`.
 pub fn center_crop(pixels: Pixels, n: u32) -> Pixels {

@@ -11,7 +11,7 @@ use turbojpeg::{Subsamp, YuvImage, YuvPlanesImage};
 
 use super::decode::{dct_scale, with_decompressor, JpegInfo};
 use super::encode::{with_compressor, Subsampling};
-use super::resize::{resize_plane, Filter};
+use super::resize::{resize_plane, resize_plane_into, Filter};
 
 /// Re-encodes a YCbCr JPEG (`info.ycbcr` is set) to `width` x `height`.
 pub fn reencode(
@@ -23,12 +23,50 @@ pub fn reencode(
     quality: u8,
     subsampling: Subsampling,
 ) -> Result<Vec<u8>, String> {
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        let Scratch { planes, y_out } = &mut *scratch;
+        reencode_with(bytes, info, (width, height), filter, quality, subsampling, planes, y_out)
+    })
+}
+
+/// Buffers kept per thread and reused, so a re-encode allocates little beyond its output.
+#[derive(Default)]
+struct Scratch {
+    planes: Vec<u8>,
+    y_out: Vec<u8>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// `buf`'s first `len` bytes, growing it if needed. Old contents are left in place: every user
+/// here overwrites all of them.
+fn scratch(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    &mut buf[..len]
+}
+
+#[allow(clippy::too_many_arguments)]
+fn reencode_with(
+    bytes: &[u8],
+    info: &JpegInfo,
+    (width, height): (u32, u32),
+    filter: Filter,
+    quality: u8,
+    subsampling: Subsampling,
+    planes: &mut Vec<u8>,
+    y_out: &mut Vec<u8>,
+) -> Result<Vec<u8>, String> {
     let source_subsamp = info.ycbcr.ok_or("not a YCbCr JPEG")?;
     let scale = dct_scale(info, Some((width, height)));
     let (sw, sh) = (scale.scale(info.width as usize), scale.scale(info.height as usize));
     let len = turbojpeg::yuv_pixels_len(sw, 1, sh, source_subsamp).map_err(|e| format!("jpg: {e}"))?;
     let mut yuv =
-        YuvImage { pixels: vec![0u8; len], width: sw, align: 1, height: sh, subsamp: source_subsamp };
+        YuvImage { pixels: scratch(planes, len), width: sw, align: 1, height: sh, subsamp: source_subsamp };
     with_decompressor(|d| {
         d.set_scaling_factor(scale).map_err(|e| format!("jpg: {e}"))?;
         let result = d
@@ -54,14 +92,15 @@ pub fn reencode(
     // The source chroma covers the visible width divided by its subsampling, fractionally.
     let crop_w = sw as f64 / source_subsamp.width() as f64;
     let crop_h = sh as f64 / source_subsamp.height() as f64;
-    let y = pad(resize_plane(y_src, syw, syh, (sw as f64, sh as f64), w, h, filter)?, w, h, yw, yh);
+    let y = scratch(y_out, yw * yh);
+    resize_plane_into(y_src, syw, syh, (sw as f64, sh as f64), y, (yw, yh), (w, h), filter)?;
     // Chroma carries little detail and is subsampled anyway: the cheaper antialiased bilinear
-    // filter serves it as well as Lanczos3, whose coefficients (sines) cost more to compute
-    // than the quarter-size convolution itself.
+    // filter serves it as well as Lanczos3, whose coefficients cost more to compute than the
+    // quarter-size convolution itself.
     let u = resize_plane(u_src, scw, sch, (crop_w, crop_h), cw, ch, Filter::Bilinear)?;
     let v = resize_plane(v_src, scw, sch, (crop_w, crop_h), cw, ch, Filter::Bilinear)?;
     let planes = YuvPlanesImage {
-        y_plane: &y[..],
+        y_plane: &*y,
         u_plane: &u[..],
         v_plane: &v[..],
         width: w,
@@ -75,20 +114,4 @@ pub fn reencode(
         c.set_quality(i32::from(quality)).map_err(|e| format!("jpg encode: {e}"))?;
         c.compress_yuv_planes_to_vec(&planes).map_err(|e| format!("jpg encode: {e}"))
     })
-}
-
-/// Extends a `w` x `h` plane to `pw` x `ph` by repeating its last column and row.
-fn pad(plane: Vec<u8>, w: usize, h: usize, pw: usize, ph: usize) -> Vec<u8> {
-    if (w, h) == (pw, ph) {
-        return plane;
-    }
-    let mut out = vec![0u8; pw * ph];
-    for y in 0..ph {
-        let src = &plane[y.min(h - 1) * w..][..w];
-        let row = &mut out[y * pw..][..pw];
-        row[..w].copy_from_slice(src);
-        let last = src[w - 1];
-        row[w..].fill(last);
-    }
-    out
 }
