@@ -208,14 +208,7 @@ fn load(
 
 /// Builds the stored fields of one sample, sorted by extension.
 fn packed_sample(key: String, sample: &SourceSample, classes: &[String], image: Image) -> PackedSample {
-    let (path, path_hex) = match std::str::from_utf8(&sample.rel_path) {
-        Ok(s) => (s.to_string(), None),
-        Err(_) => (
-            String::from_utf8_lossy(&sample.rel_path).into_owned(),
-            Some(sample.rel_path.iter().map(|b| format!("{b:02x}")).collect()),
-        ),
-    };
-    let info = SampleInfo { path, class: classes[sample.class as usize].clone(), path_hex };
+    let info = SampleInfo::new(&sample.rel_path, &classes[sample.class as usize]);
     let mut fields = vec![
         (CLS_FIELD.to_string(), sample.class.to_string().into_bytes()),
         (image.ext.to_string(), image.bytes),

@@ -46,6 +46,31 @@ pub struct SampleInfo {
     pub path_hex: Option<String>,
 }
 
+impl SampleInfo {
+    /// The record for a sample from `path` (relative to the source root, `/`-separated, raw
+    /// bytes) in class `class`: `path_hex` is set exactly when the path is not UTF-8.
+    pub fn new(path: &[u8], class: &str) -> SampleInfo {
+        let path_hex =
+            std::str::from_utf8(path).is_err().then(|| path.iter().map(|b| format!("{b:02x}")).collect());
+        SampleInfo { path: String::from_utf8_lossy(path).into_owned(), class: class.to_string(), path_hex }
+    }
+
+    /// The exact source path bytes: `path_hex` decoded when present, else `path`. The error
+    /// says what is wrong with a malformed `path_hex`.
+    pub fn path_bytes(&self) -> Result<Vec<u8>, String> {
+        let Some(hex) = &self.path_hex else { return Ok(self.path.clone().into_bytes()) };
+        let bad = || format!("json path_hex {hex:?} is not hex");
+        if !hex.len().is_multiple_of(2) {
+            return Err(bad());
+        }
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+            .collect::<Option<Vec<u8>>>()
+            .ok_or_else(bad)
+    }
+}
+
 impl<'a> Sample<'a> {
     /// The bytes of field `ext`, if present.
     pub fn field(&self, ext: &str) -> Option<&[u8]> {
@@ -103,5 +128,22 @@ impl<'a> Sample<'a> {
             key: self.key.clone(),
             reason: reason.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_round_trip_through_the_json_record() {
+        let plain = SampleInfo::new(b"cat/a b.jpg", "cat");
+        assert_eq!((plain.path.as_str(), plain.path_hex.as_deref()), ("cat/a b.jpg", None));
+        assert_eq!(plain.path_bytes().unwrap(), b"cat/a b.jpg");
+        let odd = SampleInfo::new(b"cat/caf\xe9.jpg", "cat");
+        assert_eq!(odd.path_hex.as_deref(), Some("6361742f636166e92e6a7067"));
+        assert_eq!(odd.path_bytes().unwrap(), b"cat/caf\xe9.jpg");
+        let broken = SampleInfo { path_hex: Some("6".into()), ..odd };
+        assert!(broken.path_bytes().unwrap_err().contains("not hex"));
     }
 }

@@ -49,7 +49,7 @@ impl ImageFolderSink {
         let info: SampleInfo = field(JSON_FIELD)
             .and_then(|json| serde_json::from_slice(json).ok())
             .ok_or_else(|| bad("no readable json field, so its source path is unknown".into()))?;
-        let rel = info_path(&info).map_err(&bad)?;
+        let rel = info.path_bytes().map_err(&bad)?;
         let rel = safe_relative(&rel).map_err(bad)?;
         let image = sample
             .fields
@@ -83,19 +83,6 @@ impl Sink for ImageFolderSink {
         let path = self.staged.target().to_path_buf();
         self.staged.publish()?;
         Ok(Finished { path, bytes: self.bytes, warnings: Vec::new() })
-    }
-}
-
-/// The exact source path bytes a sample records.
-fn info_path(info: &SampleInfo) -> std::result::Result<Vec<u8>, String> {
-    match &info.path_hex {
-        None => Ok(info.path.clone().into_bytes()),
-        Some(hex) if hex.len().is_multiple_of(2) => (0..hex.len())
-            .step_by(2)
-            .map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
-            .collect::<Option<Vec<u8>>>()
-            .ok_or_else(|| format!("json path_hex {hex:?} is not hex")),
-        Some(hex) => Err(format!("json path_hex {hex:?} is not hex")),
     }
 }
 

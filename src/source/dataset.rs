@@ -39,14 +39,11 @@ impl Source for PackedDataset {
         self.dataset.scan(|sample| {
             let info = sample.info()?;
             let class = sample.label()?;
-            let rel_path = match &info.path_hex {
-                Some(hex) => decode_hex(hex).ok_or_else(|| imgpack_reader::Error::BadSample {
-                    path: self.dataset.path().to_path_buf(),
-                    key: sample.key.clone(),
-                    reason: format!("json path_hex {hex:?} is not hex"),
-                })?,
-                None => info.path.into_bytes(),
-            };
+            let rel_path = info.path_bytes().map_err(|reason| imgpack_reader::Error::BadSample {
+                path: self.dataset.path().to_path_buf(),
+                key: sample.key.clone(),
+                reason,
+            })?;
             if let Some(u) = used.get_mut(class as usize) {
                 *u = true;
             }
@@ -71,21 +68,4 @@ impl Source for PackedDataset {
 /// Whether `path` holds a dataset written by `pack`.
 pub fn is_packed(path: &Path) -> bool {
     imgpack_reader::detect(path).is_some()
-}
-
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn hex_paths_decode() {
-        assert_eq!(super::decode_hex("61ff2f62"), Some(b"a\xff/b".to_vec()));
-        assert_eq!(super::decode_hex("6"), None);
-        assert_eq!(super::decode_hex("zz"), None);
-    }
 }
