@@ -73,24 +73,20 @@ fn run(cli: Cli) -> imgpack::Result<u8> {
         Command::Imagefolder(args) => (args, SourceKind::ImageFolder),
         Command::Convert(args) => (args, SourceKind::Detect),
     };
-    match cli.command {
-        Command::Imagefolder(_) | Command::Convert(_) => {
-            let config = args.to_config(kind)?;
-            let bar = progress_bar(args.output.quiet);
-            let report = imgpack::pipeline::pack(&config, &bar)?;
-            for line in report.warning_lines() {
-                eprintln!("warning: {line}");
-            }
-            let mut stdout = std::io::stdout().lock();
-            if args.output.json {
-                let json = serde_json::to_string(&report).expect("report serialises");
-                let _ = writeln!(stdout, "{json}");
-            } else if !args.output.quiet {
-                let _ = write!(stdout, "{report}");
-            }
-            Ok(report.exit_code() as u8)
-        }
+    let config = args.to_config(kind)?;
+    let bar = progress_bar(args.output.quiet);
+    let report = imgpack::pipeline::pack(&config, &bar)?;
+    for line in report.warning_lines() {
+        eprintln!("warning: {line}");
     }
+    let mut stdout = std::io::stdout().lock();
+    if args.output.json {
+        let json = serde_json::to_string(&report).expect("report serialises");
+        let _ = writeln!(stdout, "{json}");
+    } else if !args.output.quiet {
+        let _ = write!(stdout, "{report}");
+    }
+    Ok(report.exit_code() as u8)
 }
 
 /// A progress bar on stderr, hidden when stderr is not a terminal or with `--quiet`.
