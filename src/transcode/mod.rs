@@ -107,12 +107,16 @@ impl Transcoder {
         }
         // A JPEG about to be decoded by libjpeg-turbo is checked by libjpeg-turbo's own header
         // parser; everything else, and anything stored unchanged, by the generic check.
-        let (format, width, height) = match ImageFormat::sniff(&bytes) {
+        // The JPEG header and the orientation are read once here and used by every step below.
+        let (format, width, height, jpeg) = match ImageFormat::sniff(&bytes) {
             Some(ImageFormat::Jpeg) if self.mode != Mode::Passthrough => {
                 let info = decode::jpeg_info(&bytes)?;
-                (ImageFormat::Jpeg, info.width, info.height)
+                (ImageFormat::Jpeg, info.width, info.height, Some(info))
             }
-            _ => check::check(&bytes)?,
+            _ => {
+                let (format, width, height) = check::check(&bytes)?;
+                (format, width, height, None)
+            }
         };
         decode::check_pixels(width, height, &self.decode)?;
         let source_bytes = bytes.len() as u64;
@@ -127,10 +131,10 @@ impl Transcoder {
                 source_bytes,
             }),
             Mode::Reencode(r) => {
-                let (tw, th) = self.oriented_target(&bytes, format, width, height, r.resize, r.upscale);
-                if r.keep_if_fits && format == ImageFormat::Jpeg && (tw, th) == (width, height) {
-                    let info = decode::jpeg_info(&bytes)?;
-                    let upright = decode::orientation(&bytes, format, &self.decode) == 1;
+                let orientation = decode::orientation(&bytes, format, &self.decode);
+                let (tw, th) = oriented_target(orientation, width, height, r.resize, r.upscale);
+                let upright = orientation == 1;
+                if let Some(info) = jpeg.filter(|_| r.keep_if_fits && (tw, th) == (width, height)) {
                     // A full (1/8-scale: cheap) decode proves it loads: a truncated or corrupt
                     // file must be skipped here as it would be when re-encoded.
                     decode::decode(&bytes, format, &self.decode, Some((1, 1)))?;
@@ -147,14 +151,8 @@ impl Transcoder {
                     }
                 }
                 // An upright YCbCr JPEG takes the planar fast path; anything else goes via RGB.
-                let fast = if format == ImageFormat::Jpeg {
-                    let info = decode::jpeg_info(&bytes)?;
-                    let upright = decode::orientation(&bytes, format, &self.decode) == 1;
-                    decode::check_pixels(info.width, info.height, &self.decode)?;
-                    (info.ycbcr.is_some_and(|s| s != turbojpeg::Subsamp::Unknown) && upright).then_some(info)
-                } else {
-                    None
-                };
+                let fast = jpeg
+                    .filter(|info| upright && info.ycbcr.is_some_and(|s| s != turbojpeg::Subsamp::Unknown));
                 let jpeg = match fast {
                     Some(info) => yuv::reencode(&bytes, &info, tw, th, r.filter, r.quality, r.subsampling)?,
                     None => encode::jpeg(
@@ -174,7 +172,8 @@ impl Transcoder {
                 })
             }
             Mode::Decode(d) => {
-                let (tw, th) = self.oriented_target(&bytes, format, width, height, d.resize, d.upscale);
+                let orientation = decode::orientation(&bytes, format, &self.decode);
+                let (tw, th) = oriented_target(orientation, width, height, d.resize, d.upscale);
                 let mut pixels = self.decode_to(&bytes, format, tw, th, d.filter)?;
                 if let Some(n) = d.center_crop {
                     pixels = resize::center_crop(pixels, n);
@@ -205,30 +204,16 @@ impl Transcoder {
                 "holds decoded pixels ({ext}), not an image; only --mode passthrough can convert such a dataset"
             ));
         }
-        let npy = if ext == NPY_ZSTD_FIELD {
-            zstd::decode_all(&bytes[..]).map_err(|e| format!("corrupt npy.zst: {e}"))?
+        let decompressed = if ext == NPY_ZSTD_FIELD {
+            Some(zstd::decode_all(&bytes[..]).map_err(|e| format!("corrupt npy.zst: {e}"))?)
         } else {
-            bytes.clone()
+            None
         };
+        let npy = decompressed.as_deref().unwrap_or(&bytes);
         let (width, height, _) =
-            encode::npy_shape(&npy).ok_or("corrupt npy: not a uint8 (H, W, C) array as pack writes")?;
+            encode::npy_shape(npy).ok_or("corrupt npy: not a uint8 (H, W, C) array as pack writes")?;
         let source_bytes = bytes.len() as u64;
         Ok(Image { kind: ext, ext, bytes, width, height, kept: false, source_bytes })
-    }
-
-    /// The target size of an image as it will be once upright.
-    fn oriented_target(
-        &self,
-        bytes: &[u8],
-        format: ImageFormat,
-        width: u32,
-        height: u32,
-        resize: Option<Resize>,
-        upscale: bool,
-    ) -> (u32, u32) {
-        let swapped = decode::orientation(bytes, format, &self.decode) >= 5;
-        let (w, h) = if swapped { (height, width) } else { (width, height) };
-        resize::target_size(w, h, resize, upscale)
     }
 
     /// Decodes (scaling down in the JPEG decoder where that stays above the target) and
@@ -290,6 +275,19 @@ impl Transcoder {
         }
         out
     }
+}
+
+/// The target size of a `width` x `height` image once brought to `orientation` (5-8 swap
+/// width and height).
+fn oriented_target(
+    orientation: u16,
+    width: u32,
+    height: u32,
+    resize: Option<Resize>,
+    upscale: bool,
+) -> (u32, u32) {
+    let (w, h) = if orientation >= 5 { (height, width) } else { (width, height) };
+    resize::target_size(w, h, resize, upscale)
 }
 
 /// `npy` or `npy.zst` when `bytes` are decoded pixels as `--mode decode` stores them.
