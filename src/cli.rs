@@ -43,10 +43,134 @@ pub enum Command {
     /// Example: pack train.lmdb --to webdataset -o shards/
     #[command(hide = true)]
     Convert(PackArgs),
+
+    /// Measure random-read latency and throughput of raw files, LMDB and shards on this storage.
+    ///
+    /// Each PATH is an ImageFolder tree (open, read, close one file per sample), an LMDB written
+    /// by pack (read through the map alone and through imgpack-reader), or a WebDataset
+    /// directory written by pack (one positioned read per sample, found in the index). All
+    /// PATHs are measured in one run, at every --threads level, so their figures compare.
+    ///
+    /// Examples:
+    ///   pack bench-read ./train train.lmdb shards/ --cache cold
+    ///   pack bench-read train.lmdb --json nvme.json; pack bench-read --compare hdd.json nvme.json
+    ///   pack bench-read --file big.bin --block-size 4KiB --direct --threads 1   (compare with fio)
+    #[command(name = "bench-read", verbatim_doc_comment)]
+    BenchRead(BenchReadArgs),
 }
 
 /// The subcommand names; anything else in first position is a source path (`pack SRC ...`).
-pub const SUBCOMMANDS: [&str; 3] = ["imagefolder", "convert", "help"];
+pub const SUBCOMMANDS: [&str; 4] = ["imagefolder", "convert", "bench-read", "help"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PatternArg {
+    /// A seeded random permutation, as DataLoader(shuffle=True) reads.
+    Random,
+    /// Storage order.
+    Sequential,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CacheArg {
+    /// Read the files once first, so reads come from the page cache.
+    Warm,
+    /// Evict the files from the page cache before each level (checked with mincore).
+    Cold,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchReadArgs {
+    /// Datasets to measure: ImageFolder trees, LMDB or WebDataset outputs of pack.
+    #[arg(value_name = "PATH", required_unless_present_any = ["file", "compare"])]
+    pub paths: Vec<PathBuf>,
+
+    /// Read order.
+    #[arg(long, value_enum, default_value_t = PatternArg::Random)]
+    pub pattern: PatternArg,
+
+    /// Reads per measurement [default: one pass, at most 10000, at most 60 s].
+    #[arg(long, value_name = "N")]
+    pub samples: Option<u64>,
+
+    /// Seconds per measurement (with --samples, whichever comes first).
+    #[arg(long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
+
+    /// Seed of the random order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Concurrency levels, comma-separated.
+    #[arg(long, value_name = "LIST", default_value = "1,2,4,8,16", value_delimiter = ',')]
+    pub threads: Vec<usize>,
+
+    /// Page cache state at the start of each level.
+    #[arg(long, value_enum, default_value_t = CacheArg::Warm)]
+    pub cache: CacheArg,
+
+    /// Bypass the page cache with O_DIRECT for raw files, shards and --file (not LMDB, read
+    /// through its map).
+    #[arg(long)]
+    pub direct: bool,
+
+    /// Measure block reads of one file instead (calibrate against fio: see the README).
+    #[arg(long, value_name = "FILE", conflicts_with = "paths")]
+    pub file: Option<PathBuf>,
+
+    /// Block size for --file (e.g. 4KiB, 1MiB).
+    #[arg(long, value_name = "SIZE", default_value = "4KiB", requires = "file")]
+    pub block_size: ByteSize,
+
+    /// Also write every measurement as one JSON object per line to FILE (- for stdout).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Print results of earlier --json runs side by side instead of measuring.
+    #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = ["paths", "file"])]
+    pub compare: Vec<PathBuf>,
+
+    /// Draw throughput against threads and the latency distributions as an SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+
+    /// No progress bar.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+impl BenchReadArgs {
+    /// The measurement plan; impossible values are refused.
+    pub fn to_plan(&self) -> imgpack::Result<imgpack::bench::Plan> {
+        use imgpack::bench::{Cache, Pattern, Plan};
+        if self.threads.is_empty() || self.threads.contains(&0) {
+            return Err(imgpack::Error::Usage("--threads takes counts of 1 or more, e.g. 1,2,4,8,16".into()));
+        }
+        if self.samples == Some(0) {
+            return Err(imgpack::Error::Usage("--samples must be at least 1".into()));
+        }
+        let duration = match self.duration {
+            Some(d) if !(d > 0.0 && d.is_finite()) => {
+                return Err(imgpack::Error::Usage("--duration takes a positive number of seconds".into()))
+            }
+            d => d.map(std::time::Duration::from_secs_f64),
+        };
+        Ok(Plan {
+            pattern: match self.pattern {
+                PatternArg::Random => Pattern::Random,
+                PatternArg::Sequential => Pattern::Sequential,
+            },
+            samples: self.samples,
+            duration,
+            seed: self.seed,
+            threads: self.threads.clone(),
+            cache: match self.cache {
+                CacheArg::Warm => Cache::Warm,
+                CacheArg::Cold => Cache::Cold,
+            },
+            direct: self.direct,
+        })
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum To {

@@ -11,6 +11,7 @@
 //! memory and produces a [`report::Report`]. [`config`] turns command-line options into a
 //! validated plan before any work starts, and [`output`] publishes results atomically.
 
+pub mod bench;
 pub mod config;
 mod error;
 pub mod output;

@@ -72,9 +72,10 @@ fn run(cli: Cli) -> imgpack::Result<u8> {
     let (args, kind) = match &cli.command {
         Command::Imagefolder(args) => (args, SourceKind::ImageFolder),
         Command::Convert(args) => (args, SourceKind::Detect),
+        Command::BenchRead(args) => return bench_read(args),
     };
     let config = args.to_config(kind)?;
-    let bar = progress_bar(args.output.quiet);
+    let bar = progress_bar(args.output.quiet, PACK_BAR);
     let report = imgpack::pipeline::pack(&config, &bar)?;
     for line in report.warning_lines() {
         eprintln!("warning: {line}");
@@ -89,17 +90,70 @@ fn run(cli: Cli) -> imgpack::Result<u8> {
     Ok(report.exit_code() as u8)
 }
 
+/// `pack bench-read`: measure every input (or read earlier results with `--compare`), print a
+/// table per input as it finishes, then write `--json` and `--plot`.
+fn bench_read(args: &cli::BenchReadArgs) -> imgpack::Result<u8> {
+    use imgpack::bench::{self, input::Input, record};
+    let mut stdout = std::io::stdout().lock();
+    let json_to_stdout = args.json.as_deref() == Some(std::path::Path::new("-"));
+    let measurements = if !args.compare.is_empty() {
+        let mut runs = Vec::new();
+        for path in &args.compare {
+            runs.push((path.display().to_string(), record::read_jsonl(path)?));
+        }
+        let _ = write!(stdout, "{}", record::compare_table(&runs));
+        runs.into_iter().flat_map(|(_, ms)| ms).collect()
+    } else {
+        let plan = args.to_plan()?;
+        let mut inputs = Vec::new();
+        if let Some(file) = &args.file {
+            inputs.push(Input::blocks(file, args.block_size.0)?);
+        }
+        for path in &args.paths {
+            inputs.extend(Input::detect(path)?);
+        }
+        if !json_to_stdout {
+            let _ = writeln!(
+                stdout,
+                "bench-read on {}: each read timed alone (clock pair ~{:.0} ns), bytes checksummed\n",
+                bench::host_name(),
+                bench::timer_overhead_ns()
+            );
+        }
+        let bar = progress_bar(args.quiet, BENCH_BAR);
+        let mut all = Vec::new();
+        for input in &inputs {
+            let sweep = bench::sweep(input, &plan, &bar)?;
+            if !json_to_stdout {
+                let _ = writeln!(stdout, "{}", record::sweep_table(&sweep));
+            }
+            all.extend(sweep);
+        }
+        bar.finish_and_clear();
+        if let Some(path) = &args.json {
+            record::write_jsonl(path, &all)?;
+        }
+        all
+    };
+    if let Some(path) = &args.plot {
+        bench::plot::plot(path, &measurements)?;
+    }
+    Ok(0)
+}
+
+/// Packing's progress bar: files done of files found.
+const PACK_BAR: &str =
+    "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} files {per_sec} {msg} ETA {eta}";
+/// bench-read's progress bar: reads of the current measurement.
+const BENCH_BAR: &str = "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} reads {msg}";
+
 /// A progress bar on stderr, hidden when stderr is not a terminal or with `--quiet`.
-fn progress_bar(quiet: bool) -> ProgressBar {
+fn progress_bar(quiet: bool, template: &str) -> ProgressBar {
     if quiet || !std::io::stderr().is_terminal() {
         return ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
     }
     let bar = ProgressBar::new(0);
-    let style = ProgressStyle::with_template(
-        "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} files {per_sec} {msg} ETA {eta}",
-    )
-    .expect("valid template")
-    .progress_chars("=> ");
+    let style = ProgressStyle::with_template(template).expect("valid template").progress_chars("=> ");
     bar.set_style(style);
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     bar

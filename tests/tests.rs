@@ -4,6 +4,7 @@
 mod util;
 
 mod bad_input;
+mod bench_read;
 mod convert;
 mod lmdb_roundtrip;
 mod transcode;

@@ -41,5 +41,6 @@ pub mod webdataset;
 pub use dataset::{detect, open, Dataset, Kind};
 pub use error::{Error, Result};
 pub use format::ImageFormat;
+pub use lmdb::Prefetch;
 pub use meta::{Meta, ShardInfo, SourceInfo, FORMAT_VERSION};
 pub use sample::{Field, Sample, SampleInfo};

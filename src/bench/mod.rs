@@ -1,0 +1,362 @@
+//! `pack bench-read`: random-read latency and throughput of raw files, LMDB and WebDataset
+//! shards on the user's own storage.
+//!
+//! The case for packing a dataset is a measurement — milliseconds per small file on an HDD,
+//! ~0.1 ms on a SATA SSD, microseconds from a packed file — and this module lets a user take
+//! it on their machine, at the concurrency their data loader uses. [`input`] says what is read
+//! and how, [`cache`] evicts and checks the page cache for cold measurements, [`device`] names
+//! the storage, [`stats`] does the percentile arithmetic, [`record`] holds the results and
+//! prints them, and [`plot`] draws them.
+//!
+//! # Timing
+//!
+//! Each read is timed on its own with `Instant::now()` before and after (the monotonic clock,
+//! read through the vDSO: ~20-50 ns a pair, see [`timer_overhead_ns`]), and a read ends only
+//! when the sample's bytes are in hand and every byte has been touched ([`input::touch`]).
+//! Throughput is reads over wall time, from the moment all threads start together to the
+//! moment the last one stops.
+
+pub mod cache;
+pub mod device;
+pub mod input;
+pub mod plot;
+pub mod record;
+pub mod stats;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+
+use self::cache::Residency;
+use self::device::Device;
+use self::input::Input;
+use self::record::Measurement;
+use crate::{Error, Result};
+
+/// Reads per measurement when neither `--samples` nor `--duration` is given (at most one pass).
+pub const DEFAULT_SAMPLES: u64 = 10_000;
+/// Time limit per measurement when neither is given.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(60);
+/// A cold measurement whose files are more cached than this after eviction is flagged.
+const COLD_THRESHOLD: f64 = 0.05;
+/// A warm measurement whose files are less cached than this after warm-up is flagged.
+const WARM_THRESHOLD: f64 = 0.95;
+
+/// The order samples are read in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// A seeded random permutation: what `DataLoader(shuffle=True)` does.
+    Random,
+    /// Storage order.
+    Sequential,
+}
+
+/// The page cache state each measurement starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cache {
+    /// The files are read once first, so reads hit the page cache.
+    Warm,
+    /// The files are evicted first, so reads reach the device.
+    Cold,
+}
+
+/// What to measure for every input.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Read order.
+    pub pattern: Pattern,
+    /// Reads per measurement (`--samples`).
+    pub samples: Option<u64>,
+    /// Time per measurement (`--duration`).
+    pub duration: Option<Duration>,
+    /// Seed of the random order.
+    pub seed: u64,
+    /// Concurrency levels.
+    pub threads: Vec<usize>,
+    /// Cache state.
+    pub cache: Cache,
+    /// `O_DIRECT` reads for raw files, shards and `--file`.
+    pub direct: bool,
+}
+
+impl Plan {
+    /// The items read, in order, for an input of `len` items.
+    pub fn order(&self, len: u64) -> Vec<u64> {
+        let mut order: Vec<u64> = (0..len).collect();
+        if self.pattern == Pattern::Random {
+            crate::shuffle::shuffle(&mut order, self.seed);
+        }
+        order
+    }
+
+    /// How many reads a measurement of an input of `len` items makes at most, how long it may
+    /// run, and a note if the limit was cut.
+    pub fn limits(&self, len: u64) -> (u64, Option<Duration>, Option<String>) {
+        let (reads, duration) = match (self.samples, self.duration) {
+            (None, None) => (len.min(DEFAULT_SAMPLES), Some(DEFAULT_DURATION)),
+            (Some(n), d) => (n, d),
+            (None, Some(d)) => (u64::MAX, Some(d)),
+        };
+        if self.cache == Cache::Cold && reads > len {
+            let note = format!(
+                "cold: one pass ({len} reads), since a second read of a sample would come from the cache"
+            );
+            return (len, duration, Some(note));
+        }
+        (reads.max(1), duration, None)
+    }
+}
+
+/// Runs every concurrency level of `plan` on `input`. `bar` is reset for each level.
+pub fn sweep(input: &Input, plan: &Plan, bar: &ProgressBar) -> Result<Vec<Measurement>> {
+    if input.is_empty() {
+        return Err(Error::BadSource { path: input.path.clone(), reason: "holds no sample to read".into() });
+    }
+    let device = device::device_for(&input.path);
+    plan.threads.iter().map(|&threads| measure(input, plan, threads, &device, bar)).collect()
+}
+
+/// One measurement: `input` read by `threads` threads.
+pub fn measure(
+    input: &Input,
+    plan: &Plan,
+    threads: usize,
+    device: &Device,
+    bar: &ProgressBar,
+) -> Result<Measurement> {
+    let len = input.len();
+    let order = plan.order(len);
+    let (reads, duration, limit_note) = plan.limits(len);
+    let mut notes: Vec<String> = limit_note.into_iter().collect();
+    let first_pass = &order[..usize::try_from(reads.min(len)).unwrap_or(order.len())];
+    let files = input.files(first_pass);
+    let direct = plan.direct && input.access.can_be_direct();
+    let (resident_before_eviction, resident_before) = match plan.cache {
+        // O_DIRECT reads bypass the page cache: warming it would only waste time.
+        Cache::Warm if direct => (None, None),
+        Cache::Cold => {
+            let before = residency(&files);
+            for file in &files {
+                cache::evict(file).map_err(Error::io(file))?;
+            }
+            let after = residency(&files);
+            if after.share().is_some_and(|s| s > COLD_THRESHOLD) {
+                notes.push(format!(
+                    "eviction did not take: {:.0}% of the pages stayed cached (a file system that ignores POSIX_FADV_DONTNEED, or pages dirty or mapped by another process), so these are not cold reads",
+                    after.share().unwrap_or(0.0) * 100.0
+                ));
+            }
+            if after.unknown > 0 {
+                notes.push(
+                    "the kernel does not report the page cache of files you neither own nor may write; eviction is unverified for those".into(),
+                );
+            }
+            (before.share(), after.share())
+        }
+        Cache::Warm => {
+            for file in &files {
+                warm_up(file)?;
+            }
+            let after = residency(&files);
+            if after.share().is_some_and(|s| s < WARM_THRESHOLD) {
+                notes.push(format!(
+                    "only {:.0}% of the data stayed in the page cache after reading it; some warm reads reach the device",
+                    after.share().unwrap_or(0.0) * 100.0
+                ));
+            }
+            (None, after.share())
+        }
+    };
+    let opened = input.open(plan.direct)?;
+
+    bar.reset();
+    bar.set_length(if reads == u64::MAX { 0 } else { reads });
+    bar.set_position(0);
+    bar.set_message(format!("{} {}, {threads} threads", input.path.display(), input.access.name()));
+
+    let next = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let running = AtomicUsize::new(threads);
+    let barrier = Barrier::new(threads + 1);
+    let capacity = usize::try_from(reads.min(len).min(1 << 20) / threads as u64 + 1).unwrap_or(1024);
+    let (start, results) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let reader = opened.reader();
+                    let mut latencies: Vec<u64> = Vec::with_capacity(capacity);
+                    barrier.wait();
+                    let deadline = duration.map(|d| Instant::now() + d);
+                    let worker = || -> Result<(u64, u64)> {
+                        let mut reader = reader?;
+                        let mut bytes = 0;
+                        while !stop.load(Ordering::Relaxed) {
+                            let k = next.fetch_add(1, Ordering::Relaxed);
+                            if k >= reads {
+                                break;
+                            }
+                            let item = order[(k % len) as usize];
+                            let t0 = Instant::now();
+                            bytes += reader.read(item)?;
+                            let t1 = Instant::now();
+                            latencies.push((t1 - t0).as_nanos() as u64);
+                            if deadline.is_some_and(|d| t1 >= d) {
+                                stop.store(true, Ordering::Relaxed);
+                            }
+                        }
+                        Ok((bytes, std::hint::black_box(reader.checksum())))
+                    };
+                    let result = worker();
+                    if result.is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    let finished = Instant::now();
+                    running.fetch_sub(1, Ordering::Release);
+                    result.map(|(bytes, _)| (latencies, bytes, finished))
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        while running.load(Ordering::Acquire) > 0 {
+            bar.set_position(next.load(Ordering::Relaxed).min(reads));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let results: Vec<_> =
+            handles.into_iter().map(|h| h.join().expect("reader thread panicked")).collect();
+        (start, results)
+    });
+    let mut latencies = Vec::new();
+    let mut bytes = 0;
+    let mut end = start;
+    for result in results {
+        let (lat, b, finished) = result?;
+        latencies.extend(lat);
+        bytes += b;
+        end = end.max(finished);
+    }
+    let seconds = (end - start).as_secs_f64().max(1e-9);
+    let samples = latencies.len() as u64;
+    let (latency_us, latency_cdf_us) =
+        stats::summarize(&mut latencies).ok_or_else(|| Error::Usage("no read was measured".into()))?;
+    bar.set_position(samples);
+    Ok(Measurement {
+        path: input.path.display().to_string(),
+        format: input.access.format().into(),
+        access: input.access.name().into(),
+        device: device.clone(),
+        pattern: match plan.pattern {
+            Pattern::Random => "random",
+            Pattern::Sequential => "sequential",
+        }
+        .into(),
+        cache: match plan.cache {
+            Cache::Warm if direct => "bypassed",
+            Cache::Warm => "warm",
+            Cache::Cold => "cold",
+        }
+        .into(),
+        direct,
+        threads,
+        samples,
+        bytes,
+        seconds,
+        samples_per_s: samples as f64 / seconds,
+        mb_per_s: bytes as f64 / seconds / 1e6,
+        latency_us,
+        latency_cdf_us,
+        resident_before,
+        resident_before_eviction,
+        notes,
+        seed: plan.seed,
+        host: host_name(),
+        tool: crate::TOOL.into(),
+    })
+}
+
+/// The page-cache residency of `files` together; unreadable files count as unknown.
+fn residency(files: &[PathBuf]) -> Residency {
+    let mut total = Residency::default();
+    for file in files {
+        if let Ok(r) = cache::resident(file) {
+            total.add(r);
+        }
+    }
+    total
+}
+
+/// Reads `path` once, sequentially, so that its pages are in the page cache.
+fn warm_up(path: &std::path::Path) -> Result<()> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(Error::io(path))?;
+    let mut buf = vec![0u8; 1 << 20];
+    while file.read(&mut buf).map_err(Error::io(path))? > 0 {}
+    Ok(())
+}
+
+/// This machine's host name, to tell runs from different machines apart.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The median cost of one `Instant::now()` pair on this machine, in nanoseconds: the floor
+/// under every latency reported.
+pub fn timer_overhead_ns() -> f64 {
+    let mut samples: Vec<u64> = (0..10_001)
+        .map(|_| {
+            let t0 = Instant::now();
+            let t1 = Instant::now();
+            (t1 - t0).as_nanos() as u64
+        })
+        .collect();
+    samples.sort_unstable();
+    samples[samples.len() / 2] as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(samples: Option<u64>, duration: Option<u64>, cache: Cache) -> Plan {
+        Plan {
+            pattern: Pattern::Random,
+            samples,
+            duration: duration.map(Duration::from_secs),
+            seed: 1,
+            threads: vec![1],
+            cache,
+            direct: false,
+        }
+    }
+
+    #[test]
+    fn limits_default_to_one_pass_capped() {
+        assert_eq!(plan(None, None, Cache::Warm).limits(31), (31, Some(DEFAULT_DURATION), None));
+        assert_eq!(plan(None, None, Cache::Warm).limits(1 << 30).0, DEFAULT_SAMPLES);
+        assert_eq!(plan(Some(100), None, Cache::Warm).limits(31), (100, None, None));
+        assert_eq!(plan(None, Some(5), Cache::Warm).limits(31).0, u64::MAX);
+        let (reads, _, note) = plan(Some(100), None, Cache::Cold).limits(31);
+        assert_eq!(reads, 31);
+        assert!(note.unwrap().contains("one pass"));
+    }
+
+    #[test]
+    fn orders_are_seeded_permutations() {
+        let p = plan(None, None, Cache::Warm);
+        let a = p.order(1000);
+        assert_eq!(a, p.order(1000));
+        let mut sorted = a.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..1000).collect::<Vec<u64>>());
+        assert_ne!(a, sorted);
+        let other = Plan { seed: 2, ..p.clone() };
+        assert_ne!(a, other.order(1000));
+        let seq = Plan { pattern: Pattern::Sequential, ..p };
+        assert_eq!(seq.order(5), vec![0, 1, 2, 3, 4]);
+    }
+}
