@@ -38,7 +38,7 @@ pub const CDF_QUANTILES: [f64; 56] = {
     let mut q = [0.0; 56];
     let mut i = 0;
     while i < 50 {
-        q[i] = (i as f64 + 1.0) / 50.0 - 0.01;
+        q[i] = (2 * i + 1) as f64 / 100.0;
         i += 1;
     }
     q[50] = 0.995;
