@@ -14,7 +14,8 @@ use imgpack::transcode::{Decode, DecodeOptions, Filter, Mode, Reencode, Resize, 
 /// `pack imagefolder SRC --to lmdb|webdataset -o OUT` packs an ImageFolder tree. `pack SRC --to
 /// lmdb|webdataset|imagefolder -o OUT` looks at SRC first: a dataset written by pack is
 /// converted into the other format (or unpacked into a tree), anything else is packed as an
-/// ImageFolder tree. `pack imagefolder --help` lists every option.
+/// ImageFolder tree. `pack imagefolder --help` lists every option. `pack bench-read PATH...`
+/// measures random reads of trees and packed datasets on this machine's storage.
 ///
 /// Exit codes: 0 everything packed; 1 error, nothing published; 2 bad usage;
 /// 3 finished, but some files were skipped (listed in the summary).

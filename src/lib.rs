@@ -10,6 +10,7 @@
 //! [`sink`] writes them in order, and [`pipeline`] runs the stages in parallel with bounded
 //! memory and produces a [`report::Report`]. [`config`] turns command-line options into a
 //! validated plan before any work starts, and [`output`] publishes results atomically.
+//! [`bench`](mod@bench) is `pack bench-read`: random-read latency of trees and packed datasets.
 
 pub mod bench;
 pub mod config;
