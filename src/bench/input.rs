@@ -114,8 +114,7 @@ impl Input {
                 Ok(vec![input(Access::Pread, What::WebDataset { samples: ds.len(), shards })])
             }
             None => {
-                let extensions: Vec<String> = DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect();
-                let listing = ImageFolder::new(path, &extensions).list()?;
+                let listing = ImageFolder::new(path, &DEFAULT_EXTENSIONS).list()?;
                 if listing.samples.is_empty() {
                     return Err(Error::BadSource {
                         path: path.to_path_buf(),
@@ -189,9 +188,12 @@ impl Input {
                 let files = shards.iter().map(|s| open_file(s)).collect::<Result<Vec<_>>>()?;
                 Opened::WebDataset { index, files, direct }
             }
-            (What::Blocks { block_size, .. }, _) => {
-                Opened::Blocks { file: open_file(&self.path)?, block_size: *block_size, direct }
-            }
+            (What::Blocks { block_size, .. }, _) => Opened::Blocks {
+                path: self.path.clone(),
+                file: open_file(&self.path)?,
+                block_size: *block_size,
+                direct,
+            },
         })
     }
 }
@@ -228,6 +230,8 @@ pub enum Opened {
     },
     /// One file read in blocks.
     Blocks {
+        /// Its path, for messages.
+        path: PathBuf,
         /// The file.
         file: File,
         /// The block size.
@@ -270,7 +274,7 @@ impl ItemReader<'_> {
                 let mut file = open_for_read(path, *direct)?;
                 let data = if *direct {
                     let len = file.metadata().map_err(Error::io(path))?.len() as usize;
-                    read_direct(&file, 0, len, &mut self.buf).map_err(Error::io(path))?
+                    read_range(&file, 0, len, true, &mut self.buf).map_err(Error::io(path))?
                 } else {
                     self.buf.plain.clear();
                     file.read_to_end(&mut self.buf.plain).map_err(Error::io(path))?;
@@ -286,23 +290,13 @@ impl ItemReader<'_> {
             Opened::WebDataset { index, files, direct } => {
                 let entry = index.entry(item)?;
                 let file = &files[entry.shard as usize];
-                let data = if *direct {
-                    read_direct(file, entry.offset, entry.len as usize, &mut self.buf)
-                } else {
-                    read_at(file, entry.offset, entry.len as usize, &mut self.buf)
-                }
-                .map_err(Error::io(index.path().join(&index.meta().shards[entry.shard as usize].name)))?;
+                let data = read_range(file, entry.offset, entry.len as usize, *direct, &mut self.buf)
+                    .map_err(Error::io(index.path().join(&index.meta().shards[entry.shard as usize].name)))?;
                 (data.len() as u64, touch(data))
             }
-            Opened::Blocks { file, block_size, direct } => {
-                let offset = item * block_size;
-                let len = *block_size as usize;
-                let data = if *direct {
-                    read_direct(file, offset, len, &mut self.buf)
-                } else {
-                    read_at(file, offset, len, &mut self.buf)
-                }
-                .map_err(|source| Error::Io { path: PathBuf::from("--file"), source })?;
+            Opened::Blocks { path, file, block_size, direct } => {
+                let data = read_range(file, item * block_size, *block_size as usize, *direct, &mut self.buf)
+                    .map_err(Error::io(path))?;
                 (data.len() as u64, touch(data))
             }
         };
@@ -341,6 +335,22 @@ impl AlignedBuf {
         let skew = self.raw.as_ptr() as usize % DIRECT_ALIGN;
         let start = if skew == 0 { 0 } else { DIRECT_ALIGN - skew };
         &mut self.raw[start..start + len]
+    }
+}
+
+/// The bytes `offset..offset + len` of `file`, read with [`read_direct`] if it was opened with
+/// `O_DIRECT`, else with [`read_at`].
+fn read_range<'b>(
+    file: &File,
+    offset: u64,
+    len: usize,
+    direct: bool,
+    buf: &'b mut AlignedBuf,
+) -> io::Result<&'b [u8]> {
+    if direct {
+        read_direct(file, offset, len, buf)
+    } else {
+        read_at(file, offset, len, buf)
     }
 }
 

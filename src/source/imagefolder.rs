@@ -37,8 +37,8 @@ pub struct ImageFolder {
 
 impl ImageFolder {
     /// The tree at `root`, keeping files whose extension (lower case, no dot) is in `extensions`.
-    pub fn new(root: impl Into<PathBuf>, extensions: &[String]) -> ImageFolder {
-        let extensions = extensions.iter().map(|e| format!(".{}", e.to_lowercase())).collect();
+    pub fn new(root: impl Into<PathBuf>, extensions: &[impl AsRef<str>]) -> ImageFolder {
+        let extensions = extensions.iter().map(|e| format!(".{}", e.as_ref().to_lowercase())).collect();
         ImageFolder { root: root.into(), extensions }
     }
 
@@ -230,8 +230,8 @@ mod tests {
         listing.samples.iter().map(|s| String::from_utf8_lossy(&s.rel_path).into_owned()).collect()
     }
 
-    fn exts() -> Vec<String> {
-        crate::config::DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect()
+    fn exts() -> [&'static str; 9] {
+        crate::config::DEFAULT_EXTENSIONS
     }
 
     #[test]
