@@ -78,6 +78,7 @@ fn main() {
         source: SourceInfo { kind: "bench".into(), root: "-".into() },
         options: serde_json::json!({}),
         tool: imgpack::TOOL.into(),
+        checksum: None,
         shards: Vec::new(),
     };
     wds.finish(&meta(imgpack_reader::webdataset::FORMAT_NAME)).unwrap();

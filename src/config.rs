@@ -83,6 +83,10 @@ pub struct PackConfig {
     pub on_error: OnError,
     /// Replace an existing output.
     pub overwrite: bool,
+    /// Continue the interrupted run that left its checkpoints next to the output.
+    pub resume: bool,
+    /// LMDB: values written between two checkpoints.
+    pub checkpoint_bytes: u64,
     /// What happens to each image (`--mode` and its settings).
     pub transcoder: Transcoder,
 }
@@ -100,6 +104,8 @@ impl PackConfig {
             extensions: DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect(),
             on_error: OnError::Skip,
             overwrite: false,
+            resume: false,
+            checkpoint_bytes: crate::sink::lmdb::CHECKPOINT_BYTES,
             transcoder: Transcoder::default(),
         }
     }
@@ -139,6 +145,11 @@ impl PackConfig {
             if limits.max_samples == Some(0) {
                 return Err(Error::Usage("--shard-samples must be at least 1".into()));
             }
+        }
+        if self.format == OutputFormat::ImageFolder && self.resume {
+            return Err(Error::Usage(
+                "--resume continues lmdb and webdataset outputs; an unpacked tree is rewritten from the start".into(),
+            ));
         }
         if self.format == OutputFormat::ImageFolder && self.transcoder.mode != Mode::Passthrough {
             return Err(Error::Usage(

@@ -11,7 +11,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// The file system refused an operation.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {source}{}", path.display(), space_hint(source.raw_os_error()).unwrap_or_default())]
     Io {
         /// The file or directory involved.
         path: PathBuf,
@@ -53,9 +53,42 @@ pub enum Error {
     /// Options that contradict each other or are out of range.
     #[error("{0}")]
     Usage(String),
+    /// The run was interrupted (SIGINT or SIGTERM) and stopped at a checkpoint.
+    #[error("interrupted: {packed} samples are safely on disk in {}; run the same command with --resume to continue", temp.display())]
+    Interrupted {
+        /// The temporary directory holding the work done.
+        temp: PathBuf,
+        /// Samples packed up to the checkpoint.
+        packed: u64,
+    },
+    /// `--resume` cannot continue the interrupted run.
+    #[error("{}: cannot resume: {reason}; run without --resume to start over", path.display())]
+    Resume {
+        /// The output being resumed.
+        path: PathBuf,
+        /// What does not match, and what changed.
+        reason: String,
+    },
     /// Reading a dataset back failed.
     #[error(transparent)]
     Reader(#[from] imgpack_reader::Error),
+}
+
+/// What to do when a write fails for want of space, by `errno`: the cause and the fix,
+/// starting with "; ". An interrupted run keeps its checkpoints, hence `--resume`.
+pub(crate) fn space_hint(errno: Option<i32>) -> Option<&'static str> {
+    match errno? {
+        libc::ENOSPC => Some(
+            "; the disk is full: free space (or write the output to another disk with -o), then run the same command with --resume to continue",
+        ),
+        libc::EFBIG => Some(
+            "; the file size limit was reached (`ulimit -f`, or the file system's largest file): raise it or use a smaller --shard-size, then run the same command with --resume",
+        ),
+        libc::EDQUOT => Some(
+            "; the disk quota is exceeded: free space or raise the quota, then run the same command with --resume to continue",
+        ),
+        _ => None,
+    }
 }
 
 impl Error {

@@ -15,14 +15,17 @@
 pub mod bench;
 pub mod config;
 mod error;
+pub mod interrupt;
 pub mod output;
 pub mod pipeline;
 pub mod report;
+pub mod resume;
 mod shuffle;
 pub mod sink;
 pub mod size;
 pub mod source;
 pub mod transcode;
+pub mod verify;
 
 pub use config::{OnError, OutputFormat, PackConfig};
 pub use error::{Error, Result};

@@ -18,8 +18,17 @@ const EXIT_ERROR: u8 = 1;
 /// Exit code for a command line that cannot work (as clap uses for parse errors).
 const EXIT_USAGE: u8 = 2;
 
+/// Exit code for a run stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report it).
+const EXIT_INTERRUPTED: u8 = 130;
+
 fn main() -> ExitCode {
     keep_freed_memory();
+    // A write past the file size limit (`ulimit -f`) then fails with EFBIG, which is reported
+    // with its cause and fix, instead of killing the process with SIGXFSZ.
+    // SAFETY: setting a signal to be ignored has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let cli = Cli::parse_from(with_implicit_subcommand(std::env::args_os().collect()));
     match run(cli) {
         Ok(code) => ExitCode::from(code),
@@ -34,7 +43,11 @@ fn main() -> ExitCode {
                 source = cause.source();
             }
             eprintln!("{message}");
-            ExitCode::from(if matches!(err, imgpack::Error::Usage(_)) { EXIT_USAGE } else { EXIT_ERROR })
+            ExitCode::from(match err {
+                imgpack::Error::Usage(_) => EXIT_USAGE,
+                imgpack::Error::Interrupted { .. } => EXIT_INTERRUPTED,
+                _ => EXIT_ERROR,
+            })
         }
     }
 }
@@ -73,8 +86,11 @@ fn run(cli: Cli) -> imgpack::Result<u8> {
         Command::Imagefolder(args) => (args, SourceKind::ImageFolder),
         Command::Convert(args) => (args, SourceKind::Detect),
         Command::BenchRead(args) => return bench_read(args),
+        Command::Verify(args) => return verify(args),
     };
     let config = args.to_config(kind)?;
+    // Only packing stops at a checkpoint on Ctrl-C; the other commands just end.
+    imgpack::interrupt::install();
     let bar = progress_bar(args.output.quiet, PACK_BAR);
     let report = imgpack::pipeline::pack(&config, &bar)?;
     for line in report.warning_lines() {
@@ -140,6 +156,26 @@ fn bench_read(args: &cli::BenchReadArgs) -> imgpack::Result<u8> {
     }
     Ok(0)
 }
+
+/// `pack verify`: check a dataset, print every problem, exit 1 if there is any.
+fn verify(args: &cli::VerifyArgs) -> imgpack::Result<u8> {
+    let options = args.to_options()?;
+    let bar = progress_bar(args.output.quiet, VERIFY_BAR);
+    bar.set_length(imgpack::verify::dataset_bytes(&args.path));
+    let verified = imgpack::verify::verify(&args.path, &options, &|done| bar.set_position(done))?;
+    bar.finish_and_clear();
+    let mut stdout = std::io::stdout().lock();
+    if args.output.json {
+        let json = serde_json::to_string(&verified).expect("report serialises");
+        let _ = writeln!(stdout, "{json}");
+    } else if !args.output.quiet || !verified.is_ok() {
+        let _ = write!(stdout, "{verified}");
+    }
+    Ok(if verified.is_ok() { 0 } else { EXIT_ERROR })
+}
+
+/// `pack verify`'s progress bar: bytes read of the dataset's size.
+const VERIFY_BAR: &str = "{spinner} {elapsed_precise} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}";
 
 /// Packing's progress bar: files done of files found.
 const PACK_BAR: &str =

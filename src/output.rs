@@ -3,11 +3,14 @@
 //! A run writes under a temporary name next to the output (`.NAME.imgpack-tmp`) and renames it
 //! into place only once everything is written and synced. An interrupted run therefore never
 //! leaves anything at the output path that could be mistaken for a complete dataset; what it
-//! leaves is visibly temporary and is cleared by the next run.
+//! leaves is visibly temporary. Once a run has written a checkpoint journal there
+//! ([`crate::resume`]), the temporary is kept when the run stops early, for `--resume`; the next
+//! run without `--resume` clears it.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::resume::Journal;
 use crate::{Error, Result};
 
 /// An output being written under a temporary name.
@@ -22,6 +25,13 @@ impl Staged {
     /// Prepares to write `target`: refuses an existing one unless `overwrite`, clears the
     /// leftovers of an interrupted run, and creates the temporary directory.
     pub fn create_dir(target: &Path, overwrite: bool) -> Result<Staged> {
+        Ok(Staged::open_dir(target, overwrite, false)?.0)
+    }
+
+    /// Like [`Staged::create_dir`], but with `resume` an interrupted run's temporary that holds
+    /// a journal is kept and its journal returned. The flag says whether such a temporary was
+    /// there and discarded (without `resume`).
+    pub fn open_dir(target: &Path, overwrite: bool, resume: bool) -> Result<(Staged, Option<Journal>, bool)> {
         if target.symlink_metadata().is_ok() && !overwrite {
             return Err(Error::OutputExists { path: target.to_path_buf() });
         }
@@ -36,13 +46,16 @@ impl Staged {
                 parent.display()
             )));
         }
-        let mut temp_name = std::ffi::OsString::from(".");
-        temp_name.push(name);
-        temp_name.push(".imgpack-tmp");
-        let temp = parent.join(temp_name);
-        remove_any(&temp)?;
-        fs::create_dir(&temp).map_err(Error::io(&temp))?;
-        Ok(Staged { target: target.to_path_buf(), temp, overwrite })
+        let _ = name;
+        let temp = temp_path(target);
+        let journal = if temp.is_dir() { Journal::read(&temp)? } else { None };
+        let staged = Staged { target: target.to_path_buf(), temp, overwrite };
+        if resume && journal.is_some() {
+            return Ok((staged, journal, false));
+        }
+        remove_any(&staged.temp)?;
+        fs::create_dir(&staged.temp).map_err(Error::io(&staged.temp))?;
+        Ok((staged, None, journal.is_some()))
     }
 
     /// Where to write.
@@ -58,6 +71,12 @@ impl Staged {
     /// Syncs every file and directory below the temporary directory, renames it to the target
     /// (replacing an old one) and syncs the parent directory so the rename itself is durable.
     pub fn publish(self) -> Result<()> {
+        for name in crate::resume::FILES {
+            let path = self.temp.join(name);
+            if path.exists() {
+                fs::remove_file(&path).map_err(Error::io(&path))?;
+            }
+        }
         sync_tree(&self.temp)?;
         if self.overwrite && self.target.symlink_metadata().is_ok() {
             let mut old = self.temp.clone().into_os_string();
@@ -75,12 +94,23 @@ impl Staged {
 }
 
 impl Drop for Staged {
-    /// A run that stops with an error removes its temporary; after [`Staged::publish`] there is
-    /// nothing left at the temporary path. (A killed process runs no destructor; the next run
-    /// clears what it left.)
+    /// A run that stops with an error removes its temporary, unless it holds a checkpoint
+    /// journal (then it is kept for `--resume`); after [`Staged::publish`] there is nothing left
+    /// at the temporary path. (A killed process runs no destructor; the next run deals with
+    /// what it left.)
     fn drop(&mut self) {
-        let _ = remove_any(&self.temp);
+        if !self.temp.join(crate::resume::JOURNAL_FILE).exists() {
+            let _ = remove_any(&self.temp);
+        }
     }
+}
+
+/// The temporary directory a run writing `target` uses: `.NAME.imgpack-tmp` beside it.
+pub fn temp_path(target: &Path) -> PathBuf {
+    let mut name = std::ffi::OsString::from(".");
+    name.push(target.file_name().unwrap_or_default());
+    name.push(".imgpack-tmp");
+    parent_of(target).join(name)
 }
 
 fn parent_of(path: &Path) -> PathBuf {

@@ -18,14 +18,16 @@ use indicatif::ProgressBar;
 use rayon::prelude::*;
 
 use crate::config::{OnError, OutputFormat, PackConfig, SourceKind};
-use crate::report::{Report, Skipped};
+use crate::output::Staged;
+use crate::report::Report;
+use crate::resume::{self, Journal, Ledger, Outcome, Stamp};
 use crate::sink::imagefolder::{safe_relative, ImageFolderSink};
 use crate::sink::lmdb::LmdbSink;
 use crate::sink::webdataset::WebDatasetSink;
-use crate::sink::{PackedSample, Sink};
+use crate::sink::{Durable, PackedSample, Sink};
 use crate::source::dataset::{is_packed, PackedDataset};
 use crate::source::imagefolder::ImageFolder;
-use crate::source::{Source, SourceSample};
+use crate::source::{Listing, Source, SourceSample};
 use crate::transcode::{Image, Transcoder};
 use crate::{Error, Result};
 
@@ -35,7 +37,12 @@ const CHUNK_BYTES: u64 = 32 << 20;
 const CHUNK_SAMPLES: usize = 1024;
 
 /// Packs `config.source` into `config.output`. The bar (hidden or not) shows progress in
-/// source bytes. Returns the summary; the output is published and durable when this returns.
+/// source samples. Returns the summary; the output is published and durable when this returns.
+///
+/// LMDB and WebDataset runs write checkpoints as they go ([`crate::resume`]); with
+/// `config.resume` a run continues from the last checkpoint an interrupted run left. A stop
+/// asked for with [`crate::interrupt`] ends the run at a checkpoint with
+/// [`Error::Interrupted`].
 pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     let started = Instant::now();
     config.validate()?;
@@ -68,17 +75,6 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     let found = listing.samples.len() as u64;
     let width = key_width(found);
     bar.set_length(found);
-
-    let mut sink: Box<dyn Sink> = match &config.format {
-        OutputFormat::Lmdb => Box::new(LmdbSink::create(&config.output, config.overwrite, total_bytes)?),
-        OutputFormat::WebDataset { prefix, limits } => {
-            Box::new(WebDatasetSink::create(&config.output, config.overwrite, prefix, *limits)?)
-        }
-        OutputFormat::ImageFolder => {
-            Box::new(ImageFolderSink::create(&config.output, config.overwrite, &listing.classes)?)
-        }
-    };
-    let unpacking = config.format == OutputFormat::ImageFolder;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(config.threads)
         .thread_name(|i| format!("imgpack-load-{i}"))
@@ -93,18 +89,52 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
         warnings: listing.warnings.clone(),
         ..Report::default()
     };
-    let mut chunker = Chunker::default();
-    let mut stored = std::collections::BTreeSet::new();
+    let run = serde_json::json!({
+        "tool": crate::TOOL,
+        "source": config.source.to_string_lossy(),
+        "source_kind": source_kind,
+        "options": config.recorded_options(),
+    });
+    let (mut sink, mut ledger): (Box<dyn Sink>, Ledger) = match &config.format {
+        OutputFormat::ImageFolder => (
+            Box::new(ImageFolderSink::create(&config.output, config.overwrite, &listing.classes)?),
+            Ledger::default(),
+        ),
+        _ => {
+            bar.set_message("checking the source");
+            let stamps: Vec<Stamp> =
+                pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
+            // The stamps give the source size an ImageFolder listing does not: a better first
+            // LMDB map size.
+            let stamped: u64 = stamps.iter().map(|s| s.size).filter(|&n| n != u64::MAX).sum();
+            let hint = total_bytes.max(stamped);
+            let opened = open_resumable(config, &listing, &stamps, &run, hint, &mut report)?;
+            bar.set_position(opened.1.total().position);
+            opened
+        }
+    };
+    let temp = crate::output::temp_path(&config.output);
+    let checkpoint = |sink: &mut Box<dyn Sink>, ledger: &mut Ledger, now: bool| -> Result<()> {
+        if let Some(durable) = sink.checkpoint(now)? {
+            let progress = ledger.checkpoint(durable.samples, durable.shards).clone();
+            Journal { run: run.clone(), found, progress }.write(&temp)?;
+        }
+        Ok(())
+    };
+
+    let unpacking = config.format == OutputFormat::ImageFolder;
+    let start = usize::try_from(ledger.total().position).unwrap_or(usize::MAX).min(listing.samples.len());
+    let mut chunker = Chunker::with_budget(config.checkpoint_bytes);
     let (tx, rx) = mpsc::sync_channel::<Vec<Result<Image, String>>>(1);
     let written = std::thread::scope(|scope| -> Result<()> {
         let samples = &listing.samples;
         let source = &*source;
         let transcoder = &config.transcoder;
         scope.spawn(move || {
-            let mut start = 0;
-            while start < samples.len() {
-                let range = start..(start + chunker.next_len()).min(samples.len());
-                start = range.end;
+            let mut next = start;
+            while next < samples.len() && !crate::interrupt::requested() {
+                let range = next..(next + chunker.next_len()).min(samples.len());
+                next = range.end;
                 let loaded: Vec<Result<Image, String>> = pool.install(|| {
                     samples[range].par_iter().map(|s| load(source, transcoder, s, unpacking)).collect()
                 });
@@ -114,39 +144,53 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                 }
             }
         });
-        let mut next = 0usize;
+        let mut next = start;
         let mut batch = Vec::new();
         for loaded in rx {
             batch.clear();
             for result in loaded {
+                let position = next as u64;
                 let sample = &samples[next];
                 next += 1;
                 bar.inc(1);
                 match result {
                     Ok(image) => {
-                        let key = format_key(report.packed, width);
-                        report.packed += 1;
-                        report.bytes_in += image.source_bytes;
-                        *report.formats.entry(image.kind.to_string()).or_default() += 1;
-                        report.kept_unchanged += u64::from(image.kept);
-                        stored.insert(image.ext);
+                        let key = format_key(ledger.packed(), width);
+                        ledger.record(Outcome::Packed {
+                            position,
+                            bytes_in: image.source_bytes,
+                            format: image.kind.to_string(),
+                            kept: image.kept,
+                            field: image.ext.to_string(),
+                        });
                         batch.push(packed_sample(key, sample, &listing.classes, image));
                     }
                     Err(reason) if config.on_error == OnError::Fail => {
                         return Err(Error::BadSample { path: sample.path.clone(), reason });
                     }
-                    Err(reason) => report.skipped.push(Skipped { path: sample.path.clone(), reason }),
+                    Err(reason) => ledger.record(Outcome::Skipped { position, reason }),
                 }
             }
             sink.write_batch(&batch)?;
-            let rate = report.bytes_in as f64 / 1e6 / started.elapsed().as_secs_f64().max(1e-3);
-            bar.set_message(format!("{rate:.0} MB/s"));
+            checkpoint(&mut sink, &mut ledger, false)?;
+            if crate::interrupt::requested() {
+                break;
+            }
+            let rate = ledger.packed() as f64 / started.elapsed().as_secs_f64().max(1e-3);
+            bar.set_message(format!("{rate:.0} files/s"));
         }
         Ok(())
     });
+    if crate::interrupt::requested() && !unpacking {
+        bar.set_message("saving a checkpoint");
+        checkpoint(&mut sink, &mut ledger, true)?;
+        let packed = Journal::read(&temp)?.map_or(0, |j| j.progress.packed);
+        return Err(Error::Interrupted { temp, packed });
+    }
     written?;
 
-    let mut fields: Vec<String> = stored.iter().map(|e| e.to_string()).collect();
+    let total = ledger.total();
+    let mut fields: Vec<String> = total.fields.iter().cloned().collect();
     fields.extend([CLS_FIELD.to_string(), JSON_FIELD.to_string()]);
     fields.sort();
     let format = match &config.format {
@@ -157,23 +201,89 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     let meta = Meta {
         format: format.into(),
         version: FORMAT_VERSION,
-        samples: report.packed,
+        samples: total.packed,
         key_width: width,
         classes: listing.classes.clone(),
         fields,
         source: SourceInfo { kind: source_kind.into(), root: config.source.to_string_lossy().into_owned() },
         options: config.recorded_options(),
         tool: crate::TOOL.into(),
+        checksum: Some(imgpack_reader::checksum::ALGORITHM.into()),
         shards: Vec::new(),
     };
     bar.set_message("syncing to disk");
     let finished = sink.finish(&meta)?;
     bar.finish_and_clear();
+    report.packed = total.packed;
+    report.bytes_in = total.bytes_in;
+    report.formats = total.formats.clone();
+    report.kept_unchanged = total.kept_unchanged;
+    report.skipped = resume::skipped(&total, &listing.samples);
     report.output = finished.path;
     report.bytes_out = finished.bytes;
     report.warnings.extend(finished.warnings);
     report.set_elapsed(started.elapsed().as_secs_f64());
     Ok(report)
+}
+
+/// Opens an LMDB or WebDataset sink: with `--resume` and a checkpoint left by an interrupted
+/// run of the same `run`, cut back to that checkpoint (after checking that the source has not
+/// changed since); otherwise fresh, with the listing saved for a later `--resume`. Returns the
+/// sink and the ledger to continue.
+fn open_resumable(
+    config: &PackConfig,
+    listing: &Listing,
+    stamps: &[Stamp],
+    run: &serde_json::Value,
+    total_bytes: u64,
+    report: &mut Report,
+) -> Result<(Box<dyn Sink>, Ledger)> {
+    let (staged, journal, discarded) = Staged::open_dir(&config.output, config.overwrite, config.resume)?;
+    if config.resume && journal.is_none() {
+        report.warnings.push(format!(
+            "--resume: no checkpoint of an interrupted run was found in {}; packed from the start",
+            staged.path().display()
+        ));
+    }
+    if discarded {
+        report.warnings.push(format!(
+            "discarded the unfinished run in {} (pass --resume to continue such a run instead)",
+            staged.path().display()
+        ));
+    }
+    let Some(journal) = journal else {
+        resume::save_listing(staged.path(), listing, stamps)?;
+        let sink: Box<dyn Sink> = match &config.format {
+            OutputFormat::WebDataset { prefix, limits } => {
+                Box::new(WebDatasetSink::start(staged, prefix, *limits)?)
+            }
+            _ => Box::new(LmdbSink::start(staged, total_bytes, config.checkpoint_bytes)?),
+        };
+        return Ok((sink, Ledger::default()));
+    };
+    let refuse = |reason: String| Error::Resume { path: config.output.clone(), reason };
+    if &journal.run != run {
+        return Err(refuse(format!(
+            "the interrupted run was made differently: {}",
+            resume::differences(&journal.run, run).join(", ")
+        )));
+    }
+    let saved = resume::read_listing(staged.path())?;
+    if let Some(changes) = resume::changes(&saved, listing, stamps) {
+        return Err(refuse(format!("the source changed since the interrupted run started: {changes}")));
+    }
+    let durable = Durable { samples: journal.progress.packed, shards: journal.progress.shards.clone() };
+    let sink: Box<dyn Sink> = match &config.format {
+        OutputFormat::WebDataset { prefix, limits } => {
+            Box::new(WebDatasetSink::resume(staged, prefix, *limits, &durable)?)
+        }
+        _ => {
+            let width = key_width(listing.samples.len() as u64);
+            Box::new(LmdbSink::resume(staged, &durable, width, total_bytes, config.checkpoint_bytes)?)
+        }
+    };
+    report.resumed = journal.progress.packed;
+    Ok((sink, Ledger::resume(journal.progress)))
 }
 
 /// Reads and checks one sample; the error is the reason it is skipped. When unpacking to a
@@ -192,6 +302,8 @@ fn load(
             && e.kind() == std::io::ErrorKind::NotFound;
         if dangling {
             "cannot read: dangling symlink (its target does not exist)".to_string()
+        } else if e.raw_os_error() == Some(libc::ELOOP) {
+            "cannot read: symlink loop (its links point at each other)".to_string()
         } else {
             format!("cannot read: {e}")
         }
@@ -221,19 +333,33 @@ fn packed_sample(key: String, sample: &SourceSample, classes: &[String], image: 
 /// Chooses how many samples the next chunk takes so that it holds about [`CHUNK_BYTES`]:
 /// the first chunk is small, later ones follow the average size of the samples read so far,
 /// within 1..=[`CHUNK_SAMPLES`].
-#[derive(Debug, Default)]
+/// A smaller `budget` (in bytes) makes chunks smaller: the writer checkpoints, and notices a
+/// stop request, between chunks, so a run asked to checkpoint every N bytes cuts its chunks
+/// no larger than that.
+#[derive(Debug)]
 struct Chunker {
     samples: u64,
     bytes: u64,
+    budget: u64,
+}
+
+impl Default for Chunker {
+    fn default() -> Self {
+        Chunker { samples: 0, bytes: 0, budget: CHUNK_BYTES }
+    }
 }
 
 impl Chunker {
+    fn with_budget(budget: u64) -> Chunker {
+        Chunker { budget: budget.clamp(1, CHUNK_BYTES), ..Chunker::default() }
+    }
+
     fn next_len(&self) -> usize {
         if self.samples == 0 || self.bytes == 0 {
             return 64;
         }
         let average = (self.bytes / self.samples).max(1);
-        ((CHUNK_BYTES / average) as usize).clamp(1, CHUNK_SAMPLES)
+        ((self.budget / average) as usize).clamp(1, CHUNK_SAMPLES)
     }
 
     fn observe(&mut self, loaded: &[Result<Image, String>]) {

@@ -13,10 +13,32 @@ use serde::Serialize;
 /// A file that was found but not packed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Skipped {
-    /// The source file.
+    /// The source file (in JSON: lossily as text, with `path_hex` when it is not UTF-8).
+    #[serde(serialize_with = "lossy_path")]
     pub path: PathBuf,
+    /// The exact path bytes in hex, present only when the path is not valid UTF-8 (as in a
+    /// sample's `json` record), so a non-UTF-8 file name is still named exactly.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_hex: Option<String>,
     /// Why it was not packed.
     pub reason: String,
+}
+
+impl Skipped {
+    /// A skipped file and why.
+    pub fn new(path: PathBuf, reason: String) -> Skipped {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = path.as_os_str().as_bytes();
+        let path_hex =
+            std::str::from_utf8(bytes).is_err().then(|| bytes.iter().map(|b| format!("{b:02x}")).collect());
+        Skipped { path, reason, path_hex }
+    }
+}
+
+/// A path as JSON text: serde refuses a path that is not UTF-8, and a summary must never fail
+/// to print for want of a file name's encoding.
+fn lossy_path<S: serde::Serializer>(path: &std::path::Path, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&path.to_string_lossy())
 }
 
 /// The summary of a run.
@@ -26,9 +48,12 @@ pub struct Report {
     #[serde(rename = "type")]
     pub kind: &'static str,
     /// The published output.
+    #[serde(serialize_with = "lossy_path")]
     pub output: PathBuf,
     /// Files with an accepted extension.
     pub found: u64,
+    /// Samples an interrupted run had packed that this `--resume` run kept (0 for a fresh run).
+    pub resumed: u64,
     /// Samples written.
     pub packed: u64,
     /// Files not packed, with reasons.
@@ -87,6 +112,9 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "packed {} of {} files into {}", self.packed, self.found, self.output.display())?;
         let formats: Vec<String> = self.formats.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        if self.resumed > 0 {
+            writeln!(f, "  resumed   {} samples kept from the interrupted run", self.resumed)?;
+        }
         writeln!(f, "  classes   {}", self.classes)?;
         writeln!(f, "  formats   {}", if formats.is_empty() { "-".into() } else { formats.join(", ") })?;
         if self.kept_unchanged > 0 {
@@ -147,7 +175,7 @@ mod tests {
         let mut r = Report { found: 2, packed: 2, ..Report::default() };
         assert_eq!(r.exit_code(), 0);
         r.packed = 1;
-        r.skipped.push(Skipped { path: "a.jpg".into(), reason: "empty file (0 bytes)".into() });
+        r.skipped.push(Skipped::new("a.jpg".into(), "empty file (0 bytes)".into()));
         assert_eq!(r.exit_code(), 3);
         let text = r.to_string();
         assert!(text.contains("a.jpg: empty file (0 bytes)"), "{text}");

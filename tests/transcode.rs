@@ -140,6 +140,10 @@ fn bombs_and_corrupt_images_are_skipped_with_reasons() {
     png.extend_from_slice(&2u32.to_be_bytes());
     png.extend_from_slice(b"IDATx\x9c");
     png.extend_from_slice(&crc32(b"IDATx\x9c").to_be_bytes());
+    // And an end chunk, so the file is whole as a container: the pixel limit is what refuses it.
+    png.extend_from_slice(&0u32.to_be_bytes());
+    png.extend_from_slice(b"IEND");
+    png.extend_from_slice(&crc32(b"IEND").to_be_bytes());
     fs::write(fx.tree().join("space/bomb.png"), &png).unwrap();
     fx.add_bad("cat", "truncated.jpg");
     let out = fx.out("b.lmdb");
@@ -163,13 +167,16 @@ fn bombs_and_corrupt_images_are_skipped_with_reasons() {
     );
     assert!(reason("truncated.jpg").contains("jpg"), "{}", reason("truncated.jpg"));
     assert_eq!(s["packed"].as_u64().unwrap() + 2, s["found"].as_u64().unwrap());
-    // In passthrough the bomb is refused too (Pillow would refuse to open it); the truncated
-    // JPEG, whose header is intact, is stored as it is.
+    // In passthrough the bomb is refused too (Pillow would refuse to open it), and so is the
+    // truncated JPEG, whose header is intact: its markers end before the end-of-image marker.
     let assert = pack(&[&"imagefolder", &fx.tree(), &"--to", &"lmdb", &"-o", &fx.out("p.lmdb"), &"--json"])
         .assert()
         .code(3);
     let s = summary(&assert.get_output().stdout);
-    assert_eq!(s["skipped"].as_array().unwrap().len(), 1);
+    let skipped = s["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 2, "{skipped:?}");
+    let truncated = skipped.iter().find(|e| e["path"].as_str().unwrap().ends_with("truncated.jpg")).unwrap();
+    assert!(truncated["reason"].as_str().unwrap().starts_with("truncated jpg"), "{truncated}");
 }
 
 #[test]

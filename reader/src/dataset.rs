@@ -54,6 +54,16 @@ pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
 }
 
 impl Dataset {
+    /// Makes every read check the sample's CRC-32 ([`crate::checksum`]) and fail with
+    /// [`Error::Checksum`] on a mismatch; see [`LmdbDataset::verify_checksums`] and
+    /// [`WebDataset::verify_checksums`].
+    pub fn verify_checksums(self, on: bool) -> Result<Dataset> {
+        Ok(match self {
+            Dataset::Lmdb(d) => Dataset::Lmdb(d.verify_checksums(on)?),
+            Dataset::WebDataset(d) => Dataset::WebDataset(d.verify_checksums(on)?),
+        })
+    }
+
     /// The dataset metadata.
     pub fn meta(&self) -> &Meta {
         match self {

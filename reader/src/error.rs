@@ -62,4 +62,25 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A sample's bytes do not have the checksum the dataset recorded for them.
+    #[error(
+        "{}: sample {key} is damaged: its bytes have CRC-32 {actual:08x}, the dataset recorded {expected:08x}; restore the dataset from a good copy or re-run `pack`",
+        path.display()
+    )]
+    Checksum {
+        /// The dataset path.
+        path: PathBuf,
+        /// The sample key.
+        key: String,
+        /// The recorded CRC-32.
+        expected: u32,
+        /// The CRC-32 of the bytes read.
+        actual: u32,
+    },
+    /// Checksums were asked for, but the dataset was written without them.
+    #[error("{}: the dataset carries no checksums (it was written before format version 2); re-run `pack` to add them", path.display())]
+    NoChecksums {
+        /// The dataset path.
+        path: PathBuf,
+    },
 }

@@ -10,6 +10,12 @@
 /// The smallest key width: eight digits cover a hundred million samples.
 pub const MIN_KEY_WIDTH: usize = 8;
 
+/// The largest key width: twenty digits hold any `u64`, so no count `pack` can write needs more.
+/// Readers refuse metadata with a wider `key_width` (see [`crate::Meta::key_width`]): the width
+/// sizes the string [`format_key`] builds on every read, and a corrupt value such as 10^9 would
+/// otherwise make each read allocate a gigabyte.
+pub const MAX_KEY_WIDTH: usize = 20;
+
 /// The LMDB key (and WebDataset member stem) holding the dataset metadata. It sorts after every
 /// digit, so it is written last and an append-only load stays in order.
 pub const META_KEY: &str = "__meta__";
@@ -36,6 +42,21 @@ pub fn split_field_name(name: &str) -> Option<(&str, &str)> {
     name.split_once('.')
 }
 
+/// Whether `ext` is a field extension `pack` could have written: one or more dot-separated
+/// parts (`jpg`, `npy.zst`), each non-empty and made of ASCII letters, digits, `_` and `-`.
+///
+/// Readers check every extension they read back, because a sample's fields are often written
+/// out again under `{key}.{ext}` or `{stem}.{ext}` (as tar members, LMDB keys or files): a damaged
+/// or hostile member named `00000042./../../x` would otherwise hand on the extension
+/// `/../../x`, a path that climbs out of wherever it is written. It looks at a few bytes and
+/// allocates nothing, so it costs nothing next to the read itself.
+pub fn is_valid_extension(ext: &str) -> bool {
+    !ext.is_empty()
+        && ext.split('.').all(|part| {
+            !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,5 +78,32 @@ mod tests {
         assert!(a < b);
         assert!(b.as_str() < META_KEY);
         assert_eq!(split_field_name("00000042.npy.zst"), Some(("00000042", "npy.zst")));
+    }
+
+    #[test]
+    fn extensions_that_could_act_as_paths_are_invalid() {
+        for ext in ["jpg", "npy.zst", "cls", "json", "tar_gz", "x-y", "JPG"] {
+            assert!(is_valid_extension(ext), "{ext}");
+        }
+        for ext in [
+            "",
+            ".",
+            "..",
+            "/etc/passwd",
+            "../x",
+            "./x",
+            "a/b",
+            "a\\b",
+            "jpg.",
+            ".jpg",
+            "a..b",
+            "a\0",
+            "é",
+            "a b",
+        ] {
+            assert!(!is_valid_extension(ext), "{ext:?}");
+        }
+        assert_eq!(format_key(7, MAX_KEY_WIDTH).len(), MAX_KEY_WIDTH);
+        assert_eq!(key_width(u64::MAX), MAX_KEY_WIDTH, "no count needs a wider key");
     }
 }

@@ -29,9 +29,12 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod checksum;
 mod dataset;
 mod error;
 pub mod format;
+#[cfg(test)]
+mod hostile;
 pub mod key;
 pub mod lmdb;
 mod meta;

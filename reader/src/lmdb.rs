@@ -29,7 +29,7 @@ use std::sync::OnceLock;
 use heed::types::Bytes;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
 
-use crate::key::{format_key, split_field_name, META_KEY};
+use crate::key::{format_key, is_valid_extension, split_field_name, META_KEY};
 use crate::{Error, Field, Meta, Result, Sample, FORMAT_VERSION};
 
 /// The `format` value in the metadata of an LMDB dataset.
@@ -42,7 +42,11 @@ pub struct LmdbDataset {
     env: Env<WithoutTls>,
     db: Database<Bytes, Bytes>,
     meta: Meta,
+    /// CRC-32 of the `__meta__` record as read.
+    meta_crc32: u32,
     prefetch: Prefetch,
+    /// Each sample's CRC-32, when reads are verified.
+    sums: Option<Vec<u32>>,
 }
 
 /// How [`Snapshot::get`] brings a value that is not in the page cache into memory.
@@ -71,6 +75,12 @@ impl LmdbDataset {
     }
 
     /// Opens the LMDB dataset in directory `path`, reading cold values as `prefetch` says.
+    ///
+    /// The `__meta__` record is checked before anything trusts it: it must parse (with a sane
+    /// `key_width`, see [`Meta::key_width`]), name this format, a known version and a known
+    /// checksum algorithm, and promise no more samples than the database holds (see
+    /// `missing_samples`). A damaged record is [`Error::BadMeta`] or [`Error::NotADataset`],
+    /// never a panic or an allocation sized by it. LMDB's own pages are liblmdb's to check.
     pub fn open_with(path: impl AsRef<Path>, prefetch: Prefetch) -> Result<LmdbDataset> {
         let path: Arc<Path> = Arc::from(path.as_ref());
         if !path.join("data.mdb").is_file() {
@@ -103,17 +113,56 @@ impl LmdbDataset {
         })?;
         let meta: Meta = serde_json::from_slice(raw)
             .map_err(|source| Error::BadMeta { path: path.to_path_buf(), source })?;
-        drop(txn);
-        if meta.format != FORMAT_NAME || meta.version > FORMAT_VERSION {
-            return Err(Error::NotADataset {
-                path: path.to_path_buf(),
-                reason: format!(
-                    "metadata says format {:?} version {}; this reader reads {FORMAT_NAME} up to version {FORMAT_VERSION} (upgrade imgpack-reader)",
-                    meta.format, meta.version
-                ),
-            });
+        let meta_crc32 = crate::checksum::crc32(raw);
+        if let Some(reason) = meta.unreadable(FORMAT_NAME) {
+            return Err(Error::NotADataset { path: path.to_path_buf(), reason });
         }
-        Ok(LmdbDataset { path, env, db, meta, prefetch })
+        if let Some(reason) = missing_samples(&db, &txn, &meta).map_err(lmdb_err)? {
+            return Err(Error::NotADataset { path: path.to_path_buf(), reason });
+        }
+        drop(txn);
+        Ok(LmdbDataset { path, env, db, meta, meta_crc32, prefetch, sums: None })
+    }
+
+    /// Makes [`Snapshot::get`] (and so [`LmdbDataset::get`] and iteration) check each sample's
+    /// CRC-32 against the dataset's checksum table ([`crate::checksum`]) and fail with
+    /// [`Error::Checksum`] on a mismatch. It loads the table (4 bytes per sample) and checks
+    /// that it matches the metadata; each read then costs one extra pass over the sample's bytes
+    /// at memory speed. Fails with [`Error::NoChecksums`] for a dataset written before
+    /// checksums existed.
+    pub fn verify_checksums(mut self, on: bool) -> Result<LmdbDataset> {
+        if !on {
+            self.sums = None;
+            return Ok(self);
+        }
+        if self.meta.checksum.is_none() {
+            return Err(Error::NoChecksums { path: self.path.to_path_buf() });
+        }
+        self.sums = Some(self.checksum_table()?.samples);
+        Ok(self)
+    }
+
+    /// The dataset's checksum table, checked against the metadata it covers.
+    pub fn checksum_table(&self) -> Result<crate::checksum::Table> {
+        use crate::checksum::{Table, TABLE_KEY};
+        let bad = |reason: String| Error::NotADataset { path: self.path.to_path_buf(), reason };
+        let txn = self.env.read_txn().map_err(|e| self.lmdb_err(e))?;
+        let raw = self.db.get(&txn, TABLE_KEY.as_bytes()).map_err(|e| self.lmdb_err(e))?;
+        let table = Table::decode(raw.ok_or_else(|| bad(format!("no {TABLE_KEY} record")))?)
+            .map_err(|reason| bad(format!("{TABLE_KEY}: {reason}")))?;
+        if table.samples.len() as u64 != self.meta.samples {
+            return Err(bad(format!(
+                "{TABLE_KEY} holds {} checksums for {} samples",
+                table.samples.len(),
+                self.meta.samples
+            )));
+        }
+        if table.meta_crc32 != self.meta_crc32 {
+            return Err(bad(format!(
+                "{META_KEY} does not have the CRC-32 that {TABLE_KEY} records: one of them is damaged; restore the dataset from a good copy or re-run `pack`"
+            )));
+        }
+        Ok(table)
     }
 
     /// The dataset directory.
@@ -163,6 +212,36 @@ impl LmdbDataset {
     }
 }
 
+/// Why the database cannot hold the `meta.samples` samples its metadata promises, if it cannot.
+///
+/// `len()` and iteration trust the sample count, and callers size buffers by it, so a damaged
+/// `__meta__` claiming 10^18 samples must fail here, not as a billion errors or an allocation
+/// later. Two cheap checks, both B-tree lookups that read no value: every sample takes at least
+/// one record besides `__meta__` (LMDB counts records in its header), and the last sample's key
+/// is present (keys run with no gap, so a database cut short lacks it).
+fn missing_samples(
+    db: &Database<Bytes, Bytes>,
+    txn: &RoTxn<'_, WithoutTls>,
+    meta: &Meta,
+) -> heed::Result<Option<String>> {
+    let Some(last) = meta.samples.checked_sub(1) else { return Ok(None) };
+    let records = db.len(txn)?;
+    if meta.samples >= records {
+        return Ok(Some(format!(
+            "{META_KEY} says {} samples, but the database holds only {records} records in all; it is damaged, re-run `pack`",
+            meta.samples
+        )));
+    }
+    let prefix = format!("{}.", format_key(last, meta.key_width));
+    if db.prefix_iter(txn, prefix.as_bytes())?.next().transpose()?.is_none() {
+        return Ok(Some(format!(
+            "{META_KEY} says {} samples, but the last one ({prefix}*) is not stored; the database is damaged or cut short, re-run `pack`",
+            meta.samples
+        )));
+    }
+    Ok(None)
+}
+
 /// A read transaction over an [`LmdbDataset`]; samples from it borrow from the memory map.
 pub struct Snapshot<'d> {
     dataset: &'d LmdbDataset,
@@ -171,6 +250,10 @@ pub struct Snapshot<'d> {
 
 impl<'d> Snapshot<'d> {
     /// Sample `index`, its fields pointing into the memory map (no copy).
+    ///
+    /// Every record under `{key}.` is one field; its extension must be a valid one
+    /// ([`crate::key::is_valid_extension`]), so a record such as `00000042./../../x` is
+    /// [`Error::BadSample`] rather than a field whose name climbs out of wherever it is written.
     pub fn get(&self, index: u64) -> Result<Sample<'_>> {
         let ds = self.dataset;
         if index >= ds.meta.samples {
@@ -185,6 +268,7 @@ impl<'d> Snapshot<'d> {
             let ext = std::str::from_utf8(name)
                 .ok()
                 .and_then(split_field_name)
+                .filter(|(_, ext)| is_valid_extension(ext))
                 .map(|(_, ext)| ext.to_string())
                 .ok_or_else(|| Error::BadSample {
                     path: ds.path.to_path_buf(),
@@ -202,6 +286,22 @@ impl<'d> Snapshot<'d> {
                 key,
                 reason: "no record is stored under this key".into(),
             });
+        }
+        if let Some(sums) = &ds.sums {
+            // `verify_checksums` checked there is one sum per sample; looked up without indexing
+            // all the same, so no `index` can panic.
+            let expected =
+                usize::try_from(index).ok().and_then(|i| sums.get(i)).copied().ok_or_else(|| {
+                    Error::BadSample {
+                        path: ds.path.to_path_buf(),
+                        key: key.clone(),
+                        reason: format!("{} holds no checksum for it", crate::checksum::TABLE_KEY),
+                    }
+                })?;
+            let actual = crate::checksum::crc32_parts(fields.iter().map(|f| &*f.data));
+            if actual != expected {
+                return Err(Error::Checksum { path: ds.path.to_path_buf(), key, expected, actual });
+            }
         }
         Ok(Sample { index, key, fields, dataset: ds.path.clone() })
     }
@@ -295,6 +395,7 @@ pub fn write_example(path: &Path) -> std::result::Result<(), Box<dyn std::error:
         source: crate::SourceInfo { kind: "imagefolder".into(), root: "train".into() },
         options: serde_json::json!({}),
         tool: "example".into(),
+        checksum: None,
         shards: Vec::new(),
     };
     db.put(&mut txn, META_KEY.as_bytes(), &serde_json::to_vec(&meta)?)?;

@@ -57,10 +57,15 @@ impl SampleInfo {
 
     /// The exact source path bytes: `path_hex` decoded when present, else `path`. The error
     /// says what is wrong with a malformed `path_hex`.
+    ///
+    /// The bytes are returned as recorded, not checked as a path: a damaged or hostile dataset
+    /// can record `../x` or `/etc/passwd`, so a caller that creates files by this path must
+    /// refuse absolute paths and `..` components itself (as `pack --to imagefolder` does).
     pub fn path_bytes(&self) -> Result<Vec<u8>, String> {
         let Some(hex) = &self.path_hex else { return Ok(self.path.clone().into_bytes()) };
         let bad = || format!("json path_hex {hex:?} is not hex");
-        if !hex.len().is_multiple_of(2) {
+        // Only hex digits, checked up front: `from_str_radix` alone would take `+1` for `01`.
+        if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad());
         }
         (0..hex.len())

@@ -10,17 +10,28 @@
 //! The map starts at the source size plus slack and doubles whenever LMDB reports it full; the
 //! batch is then retried, so a user never sees `MDB_MAP_FULL`. The map size is address space,
 //! not disk: `data.mdb` only grows as pages are written.
+//!
+//! For `--resume`, every [`CHECKPOINT_BYTES`] of values (by default) the sink syncs the
+//! database and the per-sample checksums so far ([`crate::resume::SUMS_FILE`]) and reports a
+//! checkpoint.
+//! A resumed sink reopens the database, deletes whatever was committed after the checkpoint,
+//! and appends from there; the committed batches before it are kept as they are.
 
+use std::fs::{self, File};
+use std::io::Write;
+use std::ops::Bound;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use heed::types::Bytes;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, MdbError, PutFlags, RwTxn};
-use imgpack_reader::key::META_KEY;
+use imgpack_reader::checksum::{crc32, crc32_parts, Table, TABLE_KEY};
+use imgpack_reader::key::{format_key, META_KEY};
 use imgpack_reader::Meta;
 
-use super::{Finished, PackedSample, Sink};
+use super::{Durable, Finished, PackedSample, Sink};
 use crate::output::Staged;
+use crate::resume::SUMS_FILE;
 use crate::{Error, Result};
 
 /// Writes an LMDB environment directory.
@@ -29,7 +40,19 @@ pub struct LmdbSink {
     env: Env,
     db: Database<Bytes, Bytes>,
     map_size: usize,
+    /// Each written sample's CRC-32, for the checksum table written at the end (4 bytes per
+    /// sample: 5 MB for ImageNet).
+    sums: Vec<u32>,
+    /// How many of `sums` the sums file holds.
+    saved_sums: usize,
+    /// Value bytes committed since the last sync.
+    unsynced: u64,
+    checkpoint_bytes: u64,
 }
+
+/// Values written between two checkpoints by default: a sync every 256 MiB costs little next
+/// to writing them, and an interrupted run loses at most that much work.
+pub const CHECKPOINT_BYTES: u64 = 256 << 20;
 
 const PAGE: usize = 4096;
 
@@ -37,7 +60,75 @@ impl LmdbSink {
     /// Starts an LMDB output at `target`. `size_hint` is the expected data size in bytes,
     /// used to size the first map.
     pub fn create(target: &Path, overwrite: bool, size_hint: u64) -> Result<LmdbSink> {
-        let staged = Staged::create_dir(target, overwrite)?;
+        LmdbSink::start(Staged::create_dir(target, overwrite)?, size_hint, CHECKPOINT_BYTES)
+    }
+
+    /// Starts an LMDB output in a fresh staged directory, checkpointing every
+    /// `checkpoint_bytes` of values.
+    pub fn start(staged: Staged, size_hint: u64, checkpoint_bytes: u64) -> Result<LmdbSink> {
+        let mut sink = LmdbSink::open(staged, size_hint, checkpoint_bytes)?;
+        let sums = sink.staged.path().join(SUMS_FILE);
+        File::create(&sums).map_err(Error::io(&sums))?;
+        let err = |source| lmdb_error(sink.staged.path(), source);
+        let mut txn = sink.env.write_txn().map_err(err)?;
+        sink.db = sink.env.create_database(&mut txn, None).map_err(err)?;
+        txn.commit().map_err(err)?;
+        Ok(sink)
+    }
+
+    /// Reopens the database an interrupted run left in `staged` and cuts it back to the
+    /// checkpoint `durable`: records from key `format_key(durable.samples, key_width)` on are
+    /// deleted (they were committed after the last sync, or belong to an interrupted finish).
+    pub fn resume(
+        staged: Staged,
+        durable: &Durable,
+        key_width: usize,
+        size_hint: u64,
+        checkpoint_bytes: u64,
+    ) -> Result<LmdbSink> {
+        let data = staged.path().join("data.mdb");
+        let on_disk = fs::metadata(&data).map_err(Error::io(&data))?.len();
+        let mut sink = LmdbSink::open(staged, size_hint.max(on_disk), checkpoint_bytes)?;
+        let dir = sink.staged.path().to_path_buf();
+        let err = |source| lmdb_error(&dir, source);
+        let stale = |reason: String| {
+            Error::Usage(format!(
+                "{}: the interrupted run's database does not match its journal ({reason}); run without --resume to start over",
+                dir.display()
+            ))
+        };
+        let mut txn = sink.env.write_txn().map_err(err)?;
+        sink.db =
+            sink.env.open_database(&txn, None).map_err(err)?.ok_or_else(|| stale("no database".into()))?;
+        let first = format_key(durable.samples, key_width);
+        let range = (Bound::Included(first.as_bytes()), Bound::Unbounded);
+        sink.db.delete_range(&mut txn, &range).map_err(err)?;
+        let last = sink.db.last(&txn).map_err(err)?.map(|(k, _)| String::from_utf8_lossy(k).into_owned());
+        let expected_last = durable.samples.checked_sub(1).map(|n| format_key(n, key_width));
+        if last.as_deref().map(|k| k.split('.').next().unwrap_or(k)) != expected_last.as_deref() {
+            return Err(stale(format!(
+                "its last record is {last:?}, the journal says {} samples",
+                durable.samples
+            )));
+        }
+        txn.commit().map_err(err)?;
+        sink.env.force_sync().map_err(err)?;
+
+        let sums_path = dir.join(SUMS_FILE);
+        let raw = fs::read(&sums_path).map_err(Error::io(&sums_path))?;
+        let keep = durable.samples as usize * 4;
+        if raw.len() < keep {
+            return Err(stale(format!("{SUMS_FILE} holds {} checksums", raw.len() / 4)));
+        }
+        sink.sums =
+            raw[..keep].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4"))).collect();
+        sink.saved_sums = sink.sums.len();
+        let file = fs::OpenOptions::new().write(true).open(&sums_path).map_err(Error::io(&sums_path))?;
+        file.set_len(keep as u64).and_then(|()| file.sync_all()).map_err(Error::io(&sums_path))?;
+        Ok(sink)
+    }
+
+    fn open(staged: Staged, size_hint: u64, checkpoint_bytes: u64) -> Result<LmdbSink> {
         let hint = usize::try_from(size_hint).unwrap_or(usize::MAX / 4);
         let map_size = round_to_page(hint.saturating_add(hint / 4).saturating_add(64 << 20));
         let path = staged.path().to_path_buf();
@@ -52,10 +143,21 @@ impl LmdbSink {
             options.open(&path)
         }
         .map_err(err)?;
-        let mut txn = env.write_txn().map_err(err)?;
-        let db = env.create_database(&mut txn, None).map_err(err)?;
-        txn.commit().map_err(err)?;
-        Ok(LmdbSink { staged, env, db, map_size })
+        let txn = env.read_txn().map_err(err)?;
+        // A placeholder handle until `start` creates the database or `resume` opens it: the
+        // unnamed database always exists in an environment.
+        let db = env.open_database(&txn, None).map_err(err)?.expect("the main database exists");
+        drop(txn);
+        Ok(LmdbSink {
+            staged,
+            env,
+            db,
+            map_size,
+            sums: Vec::new(),
+            saved_sums: 0,
+            unsynced: 0,
+            checkpoint_bytes,
+        })
     }
 
     fn put_all(&self, txn: &mut RwTxn, batch: &[PackedSample]) -> heed::Result<()> {
@@ -101,12 +203,33 @@ impl LmdbSink {
 
 impl Sink for LmdbSink {
     fn write_batch(&mut self, batch: &[PackedSample]) -> Result<()> {
-        self.transact(|sink, txn| sink.put_all(txn, batch))
+        self.transact(|sink, txn| sink.put_all(txn, batch))?;
+        self.sums.extend(batch.iter().map(|sample| crc32_parts(sample.fields.iter().map(|(_, b)| &b[..]))));
+        self.unsynced += batch.iter().map(PackedSample::bytes).sum::<u64>();
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, now: bool) -> Result<Option<Durable>> {
+        if self.saved_sums == self.sums.len() || (!now && self.unsynced < self.checkpoint_bytes) {
+            return Ok(None);
+        }
+        self.env.force_sync().map_err(|e| self.error(e))?;
+        let path = self.staged.path().join(SUMS_FILE);
+        let bytes: Vec<u8> = self.sums[self.saved_sums..].iter().flat_map(|c| c.to_le_bytes()).collect();
+        let mut file = fs::OpenOptions::new().append(true).open(&path).map_err(Error::io(&path))?;
+        file.write_all(&bytes).and_then(|()| file.sync_data()).map_err(Error::io(&path))?;
+        self.saved_sums = self.sums.len();
+        self.unsynced = 0;
+        Ok(Some(Durable { samples: self.sums.len() as u64, shards: Vec::new() }))
     }
 
     fn finish(mut self: Box<Self>, meta: &Meta) -> Result<Finished> {
         let json = serde_json::to_vec(meta).expect("metadata serialises");
-        self.transact(|sink, txn| sink.db.put_with_flags(txn, PutFlags::APPEND, META_KEY.as_bytes(), &json))?;
+        let table = Table { meta_crc32: crc32(&json), samples: std::mem::take(&mut self.sums) }.encode();
+        self.transact(|sink, txn| {
+            sink.db.put_with_flags(txn, PutFlags::APPEND, TABLE_KEY.as_bytes(), &table)?;
+            sink.db.put_with_flags(txn, PutFlags::APPEND, META_KEY.as_bytes(), &json)
+        })?;
         self.env.force_sync().map_err(|e| self.error(e))?;
         let LmdbSink { staged, env, .. } = *self;
         env.prepare_for_closing().wait();
@@ -130,8 +253,11 @@ fn round_to_page(n: usize) -> usize {
 
 fn lmdb_error(path: &Path, source: heed::Error) -> Error {
     let hint = match &source {
-        heed::Error::Io(e) if e.raw_os_error() == Some(28) => {
-            "; the disk is full: free space or write the output to another disk with -o".to_string()
+        heed::Error::Io(e) if crate::error::space_hint(e.raw_os_error()).is_some() => {
+            crate::error::space_hint(e.raw_os_error()).unwrap_or_default().to_string()
+        }
+        heed::Error::Mdb(MdbError::Other(code)) if crate::error::space_hint(Some(*code)).is_some() => {
+            crate::error::space_hint(Some(*code)).unwrap_or_default().to_string()
         }
         heed::Error::Mdb(MdbError::Invalid) => {
             "; the directory holds a damaged database: delete it".to_string()
@@ -158,6 +284,7 @@ mod tests {
             source: SourceInfo { kind: "test".into(), root: "x".into() },
             options: serde_json::json!({}),
             tool: crate::TOOL.into(),
+            checksum: Some(imgpack_reader::checksum::ALGORITHM.into()),
             shards: Vec::new(),
         }
     }

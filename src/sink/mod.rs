@@ -12,7 +12,7 @@ pub mod webdataset;
 
 use std::path::PathBuf;
 
-use imgpack_reader::Meta;
+use imgpack_reader::{Meta, ShardInfo};
 
 use crate::Result;
 
@@ -43,10 +43,27 @@ pub struct Finished {
     pub warnings: Vec<String>,
 }
 
+/// How far a sink's output is durable: the point a resumed run continues from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Durable {
+    /// Samples durable, counted from the first.
+    pub samples: u64,
+    /// WebDataset: the finished and synced shards, with their MD5s.
+    pub shards: Vec<ShardInfo>,
+}
+
 /// An output format.
 pub trait Sink {
     /// Stores a batch of samples, in order, after every sample written before.
     fn write_batch(&mut self, batch: &[PackedSample]) -> Result<()>;
+
+    /// Makes durable what is cheap to make durable now — or, with `now`, everything that can
+    /// be (a shard still being written never is) — and returns the new durable point if it
+    /// moved since the last call. Outputs that cannot be resumed return `None`.
+    fn checkpoint(&mut self, now: bool) -> Result<Option<Durable>> {
+        let _ = now;
+        Ok(None)
+    }
 
     /// Writes the metadata, makes everything durable and publishes the output.
     fn finish(self: Box<Self>, meta: &Meta) -> Result<Finished>;

@@ -9,6 +9,10 @@
 //! with reading, checking and writing, and the hashes of consecutive shards overlap with each
 //! other. When a shard is complete it is also handed to a background thread that `fsync`s it
 //! while the next shard is being written, so the final sync before publishing has little left.
+//!
+//! A shard whose MD5 is known and whose file and DALI index are synced is a checkpoint for
+//! `--resume` ([`Sink::checkpoint`]); a resumed sink deletes the shards after the last one,
+//! cuts `imgpack.index` back to it, and writes on from there.
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -17,14 +21,14 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use imgpack_reader::webdataset::{
-    dali_index_file_name, dali_index_header, dali_index_line, encode_index_header, member_len,
-    shard_file_name, DaliComponent, IndexEntry, WidsIndex, WidsShard, BLOCK, END_OF_ARCHIVE, MAX_NAME,
-    META_FILE, SAMPLE_INDEX_FILE, WIDS_INDEX_FILE,
+    dali_index_file_name, dali_index_header, dali_index_line, member_len, shard_file_name, DaliComponent,
+    IndexEntry, IndexHeader, WidsIndex, BLOCK, END_OF_ARCHIVE, INDEX_ENTRY_LEN, INDEX_HEADER_LEN,
+    INDEX_VERSION, MAX_NAME, META_FILE, SAMPLE_INDEX_FILE, WIDS_INDEX_FILE,
 };
 use imgpack_reader::{Meta, ShardInfo};
 use md5::{Digest, Md5};
 
-use super::{Finished, PackedSample, Sink};
+use super::{Durable, Finished, PackedSample, Sink};
 use crate::output::Staged;
 use crate::{Error, Result};
 
@@ -59,8 +63,12 @@ pub struct WebDatasetSink {
     samples: u64,
     warnings: Vec<String>,
     syncer: Syncer,
-    /// MD5 threads of closed shards, in shard order.
-    hashing: Vec<ShardHasher>,
+    /// MD5 threads of closed shards whose MD5 is not collected yet, in shard order.
+    hashing: std::collections::VecDeque<ShardHasher>,
+    /// Shards (from the first) whose MD5 is collected.
+    hashed: usize,
+    /// Shards (from the first) reported durable by the last checkpoint.
+    durable: usize,
 }
 
 struct ShardWriter {
@@ -84,22 +92,86 @@ impl WebDatasetSink {
         prefix: &str,
         limits: ShardLimits,
     ) -> Result<WebDatasetSink> {
-        let staged = Staged::create_dir(target, overwrite)?;
+        WebDatasetSink::start(Staged::create_dir(target, overwrite)?, prefix, limits)
+    }
+
+    /// Starts a WebDataset output in a fresh staged directory.
+    pub fn start(staged: Staged, prefix: &str, limits: ShardLimits) -> Result<WebDatasetSink> {
         let index_path = staged.path().join(SAMPLE_INDEX_FILE);
         let mut index = BufWriter::new(File::create(&index_path).map_err(Error::io(&index_path))?);
-        index.write_all(&encode_index_header(0)).map_err(Error::io(&index_path))?;
-        Ok(WebDatasetSink {
+        let header = IndexHeader { version: INDEX_VERSION, meta_crc32: 0, samples: 0 };
+        index.write_all(&header.encode()).map_err(Error::io(&index_path))?;
+        Ok(WebDatasetSink::with(staged, prefix, limits, index, &Durable::default()))
+    }
+
+    /// Continues the output an interrupted run left in `staged` from its checkpoint `durable`:
+    /// the shards it lists are kept as they are (their sizes are checked), every later shard
+    /// and index is deleted, and `imgpack.index` is cut back to the checkpoint's samples.
+    pub fn resume(
+        staged: Staged,
+        prefix: &str,
+        limits: ShardLimits,
+        durable: &Durable,
+    ) -> Result<WebDatasetSink> {
+        let dir = staged.path().to_path_buf();
+        let stale = |reason: String| {
+            Error::Usage(format!(
+                "{}: the interrupted run's shards do not match its journal ({reason}); run without --resume to start over",
+                dir.display()
+            ))
+        };
+        let kept = durable.shards.len();
+        for entry in std::fs::read_dir(&dir).map_err(Error::io(&dir))? {
+            let path = entry.map_err(Error::io(&dir))?.path();
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let later = shard_number(&name, prefix).is_some_and(|n| n >= kept);
+            if later || name == META_FILE || name == WIDS_INDEX_FILE {
+                std::fs::remove_file(&path).map_err(Error::io(&path))?;
+            }
+        }
+        for shard in &durable.shards {
+            let path = dir.join(&shard.name);
+            let len = std::fs::metadata(&path).map(|m| m.len()).ok();
+            if len != Some(shard.bytes) {
+                return Err(stale(format!(
+                    "{} is {len:?} bytes, the journal says {}",
+                    shard.name, shard.bytes
+                )));
+            }
+        }
+        let index_path = dir.join(SAMPLE_INDEX_FILE);
+        let mut file =
+            std::fs::OpenOptions::new().write(true).open(&index_path).map_err(Error::io(&index_path))?;
+        let len = INDEX_HEADER_LEN as u64 + durable.samples * INDEX_ENTRY_LEN as u64;
+        if file.metadata().map_err(Error::io(&index_path))?.len() < len {
+            return Err(stale(format!("{SAMPLE_INDEX_FILE} holds fewer than {} entries", durable.samples)));
+        }
+        file.set_len(len).map_err(Error::io(&index_path))?;
+        file.seek(SeekFrom::End(0)).map_err(Error::io(&index_path))?;
+        Ok(WebDatasetSink::with(staged, prefix, limits, BufWriter::new(file), durable))
+    }
+
+    fn with(
+        staged: Staged,
+        prefix: &str,
+        limits: ShardLimits,
+        index: BufWriter<File>,
+        durable: &Durable,
+    ) -> WebDatasetSink {
+        WebDatasetSink {
             staged,
             prefix: prefix.to_string(),
             limits,
             shard: None,
-            shards: Vec::new(),
+            shards: durable.shards.clone(),
             index: Some(index),
-            samples: 0,
+            samples: durable.samples,
             warnings: Vec::new(),
             syncer: Syncer::start(),
-            hashing: Vec::new(),
-        })
+            hashing: Default::default(),
+            hashed: durable.shards.len(),
+            durable: durable.shards.len(),
+        }
     }
 
     fn write_sample(&mut self, sample: &PackedSample) -> Result<()> {
@@ -121,6 +193,7 @@ impl WebDatasetSink {
         }
         let shard = self.shard.as_mut().expect("opened above");
         let start = shard.bytes;
+        let mut crc = crc32fast::Hasher::new();
         let mut components = Vec::with_capacity(sample.fields.len());
         for (ext, data) in &sample.fields {
             let name = format!("{}.{ext}", sample.key);
@@ -132,14 +205,20 @@ impl WebDatasetSink {
                 size: data.len() as u64,
                 name,
             });
-            shard.write(&header)?;
-            shard.write(data)?;
-            let padding = (BLOCK - data.len() as u64 % BLOCK) % BLOCK;
-            shard.write(&[0u8; BLOCK as usize][..padding as usize])?;
+            let padding = &[0u8; BLOCK as usize][..((BLOCK - data.len() as u64 % BLOCK) % BLOCK) as usize];
+            for part in [&header[..], data, padding] {
+                crc.update(part);
+                shard.write(part)?;
+            }
         }
         shard.dali.push_str(&dali_index_line(&components));
         shard.samples += 1;
-        let entry = IndexEntry { offset: start, len: shard.bytes - start, shard: shard.number as u32 };
+        let entry = IndexEntry {
+            offset: start,
+            len: shard.bytes - start,
+            shard: shard.number as u32,
+            crc32: crc.finalize(),
+        };
         let index = self.index.as_mut().expect("open until finish");
         index
             .write_all(&entry.encode())
@@ -175,15 +254,17 @@ impl WebDatasetSink {
             .file
             .into_inner()
             .map_err(|e| Error::Io { path: shard.path.clone(), source: e.into_error() })?;
-        // The MD5 is collected in `finish`: waiting for it here would stall the writer.
+        // The MD5 is collected later (`checkpoint`, `finish`): waiting here would stall the writer.
         shard.hasher.flushed_to(shard.bytes);
-        self.hashing.push(shard.hasher);
+        shard.hasher.close();
+        self.hashing.push_back(shard.hasher);
         let name = shard_file_name(&self.prefix, shard.number);
         let dali_path = self.staged.path().join(dali_index_file_name(&self.prefix, shard.number));
         // The header line was written for 0 samples; replace it now that the count is known.
         let lines = shard.dali.split_once('\n').map_or("", |(_, rest)| rest);
         let dali = dali_index_header(shard.samples) + lines;
-        std::fs::write(&dali_path, dali).map_err(Error::io(&dali_path))?;
+        let mut dali_file = File::create(&dali_path).map_err(Error::io(&dali_path))?;
+        dali_file.write_all(dali.as_bytes()).map_err(Error::io(&dali_path))?;
         self.shards.push(ShardInfo {
             name,
             first: shard.first,
@@ -191,9 +272,27 @@ impl WebDatasetSink {
             bytes: shard.bytes,
             md5: String::new(),
         });
-        self.syncer.sync(file, shard.path);
+        self.syncer.sync(vec![(file, shard.path), (dali_file, dali_path)]);
         Ok(())
     }
+
+    /// Collects the MD5s of closed shards, in order: those already computed, or (with `wait`)
+    /// all of them.
+    fn collect_md5s(&mut self, wait: bool) -> Result<()> {
+        while self.hashing.front().is_some_and(|h| wait || h.handle.is_finished()) {
+            let hasher = self.hashing.pop_front().expect("checked above");
+            self.shards[self.hashed].md5 = hasher.finish()?;
+            self.hashed += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The shard number in a shard or DALI index file name of this prefix (`shard-000003.tar` is 3).
+fn shard_number(name: &str, prefix: &str) -> Option<usize> {
+    let rest = name.strip_prefix(prefix)?.strip_prefix('-')?;
+    let digits = rest.strip_suffix(".tar").or_else(|| rest.strip_suffix(".idx"))?;
+    (digits.len() >= 6 && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok())?
 }
 
 impl ShardWriter {
@@ -215,38 +314,46 @@ impl Sink for WebDatasetSink {
         batch.iter().try_for_each(|sample| self.write_sample(sample))
     }
 
+    fn checkpoint(&mut self, now: bool) -> Result<Option<Durable>> {
+        self.collect_md5s(now)?;
+        let synced = if now { self.syncer.wait()? } else { self.syncer.done() };
+        let durable = self.hashed.min(synced);
+        if durable <= self.durable {
+            return Ok(None);
+        }
+        // The index entries of the durable shards' samples must be on disk too.
+        let index_path = self.staged.path().join(SAMPLE_INDEX_FILE);
+        let index = self.index.as_mut().expect("open until finish");
+        index.flush().and_then(|()| index.get_ref().sync_data()).map_err(Error::io(&index_path))?;
+        self.durable = durable;
+        let shards = self.shards[..durable].to_vec();
+        Ok(Some(Durable { samples: shards.iter().map(|s| s.samples).sum(), shards }))
+    }
+
     fn finish(mut self: Box<Self>, meta: &Meta) -> Result<Finished> {
         self.close_shard()?;
-        for (shard, hasher) in self.shards.iter_mut().zip(std::mem::take(&mut self.hashing)) {
-            shard.md5 = hasher.finish()?;
-        }
+        self.collect_md5s(true)?;
         let dir = self.staged.path().to_path_buf();
         let index_path = dir.join(SAMPLE_INDEX_FILE);
         let mut index = (self.index.take().expect("open until finish"))
             .into_inner()
             .map_err(|e| Error::Io { path: index_path.clone(), source: e.into_error() })?;
-        index.seek(SeekFrom::Start(0)).map_err(Error::io(&index_path))?;
-        index.write_all(&encode_index_header(self.samples)).map_err(Error::io(&index_path))?;
-        drop(index);
-
-        let wids = WidsIndex {
-            kind: "wids-shard-index-v1".into(),
-            wids_version: 1,
-            shardlist: self
-                .shards
-                .iter()
-                .map(|s| WidsShard {
-                    url: s.name.clone(),
-                    nsamples: s.samples,
-                    filesize: s.bytes,
-                    md5sum: s.md5.clone(),
-                })
-                .collect(),
-        };
-        write_json(&dir.join(WIDS_INDEX_FILE), &wids)?;
         let mut meta = meta.clone();
         meta.shards = self.shards.clone();
-        write_json(&dir.join(META_FILE), &meta)?;
+        let meta_json = json_bytes(&meta);
+        // The header is written last: it carries the sample count and the metadata's CRC.
+        let header = IndexHeader {
+            version: INDEX_VERSION,
+            meta_crc32: crc32fast::hash(&meta_json),
+            samples: self.samples,
+        };
+        index.seek(SeekFrom::Start(0)).map_err(Error::io(&index_path))?;
+        index.write_all(&header.encode()).map_err(Error::io(&index_path))?;
+        drop(index);
+
+        let wids = WidsIndex::of(&self.shards);
+        write_file(&dir.join(WIDS_INDEX_FILE), &json_bytes(&wids))?;
+        write_file(&dir.join(META_FILE), &meta_json)?;
         self.syncer.finish()?;
         let bytes = self.shards.iter().map(|s| s.bytes).sum();
         let WebDatasetSink { staged, warnings, .. } = *self;
@@ -256,10 +363,15 @@ impl Sink for WebDatasetSink {
     }
 }
 
-fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
-    let mut text = serde_json::to_string_pretty(value).expect("serialises");
-    text.push('\n');
-    std::fs::write(path, text).map_err(Error::io(path))
+/// Pretty JSON with a final newline: what a person opening the file expects.
+pub(crate) fn json_bytes(value: &impl serde::Serialize) -> Vec<u8> {
+    let mut text = serde_json::to_vec_pretty(value).expect("serialises");
+    text.push(b'\n');
+    text
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).map_err(Error::io(path))
 }
 
 /// A ustar header for a regular file: deterministic (mtime 0, uid/gid 0, mode 0644, no names).
@@ -288,7 +400,8 @@ const HASH_STEP: u64 = 8 << 20;
 
 /// Computes one shard's MD5 on its own thread, reading the shard back as it is flushed.
 struct ShardHasher {
-    tx: mpsc::Sender<u64>,
+    /// `None` once the shard is complete: the thread then finishes the last bytes and stops.
+    tx: Option<mpsc::Sender<u64>>,
     handle: JoinHandle<std::io::Result<String>>,
     path: PathBuf,
 }
@@ -316,17 +429,24 @@ impl ShardHasher {
                 Ok(hex(&md5.finalize()))
             })
             .map_err(Error::io(path))?;
-        Ok(ShardHasher { tx, handle, path: path.to_path_buf() })
+        Ok(ShardHasher { tx: Some(tx), handle, path: path.to_path_buf() })
     }
 
     fn flushed_to(&self, len: u64) {
-        // A send fails only if the thread has stopped on an error, which `finish` reports.
-        let _ = self.tx.send(len);
+        if let Some(tx) = &self.tx {
+            // A send fails only if the thread has stopped on an error, which `finish` reports.
+            let _ = tx.send(len);
+        }
+    }
+
+    /// Says the shard is complete, so the thread stops when it has hashed everything.
+    fn close(&mut self) {
+        self.tx = None;
     }
 
     /// The MD5 of everything announced with [`ShardHasher::flushed_to`].
-    fn finish(self) -> Result<String> {
-        drop(self.tx);
+    fn finish(mut self) -> Result<String> {
+        self.close();
         match self.handle.join() {
             Ok(result) => result.map_err(Error::io(&self.path)),
             Err(_) => Err(Error::Usage(format!("{}: the MD5 thread panicked", self.path.display()))),
@@ -334,33 +454,58 @@ impl ShardHasher {
     }
 }
 
-/// Syncs finished shards on a background thread, so their writeback overlaps with writing the
-/// next shard.
+/// Syncs finished shards (each a group of files) on a background thread, so their writeback
+/// overlaps with writing the next shard, and counts the groups done.
 struct Syncer {
-    tx: Option<mpsc::Sender<(File, PathBuf)>>,
+    tx: Option<mpsc::Sender<Vec<(File, PathBuf)>>>,
     handle: Option<JoinHandle<Result<()>>>,
+    sent: usize,
+    done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Syncer {
     fn start() -> Syncer {
-        let (tx, rx) = mpsc::channel::<(File, PathBuf)>();
+        let (tx, rx) = mpsc::channel::<Vec<(File, PathBuf)>>();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = done.clone();
         let handle = std::thread::Builder::new()
             .name("imgpack-sync".into())
             .spawn(move || {
-                for (file, path) in rx {
-                    file.sync_all().map_err(Error::io(&path))?;
+                for group in rx {
+                    for (file, path) in group {
+                        file.sync_all().map_err(Error::io(&path))?;
+                    }
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Release);
                 }
                 Ok(())
             })
             .expect("spawn sync thread");
-        Syncer { tx: Some(tx), handle: Some(handle) }
+        Syncer { tx: Some(tx), handle: Some(handle), sent: 0, done }
     }
 
-    fn sync(&self, file: File, path: PathBuf) {
+    fn sync(&mut self, group: Vec<(File, PathBuf)>) {
         if let Some(tx) = &self.tx {
             // If the thread has stopped on an error, `finish` reports it.
-            let _ = tx.send((file, path));
+            let _ = tx.send(group);
+            self.sent += 1;
         }
+    }
+
+    /// Groups synced so far, counted from the first this syncer was given.
+    fn done(&self) -> usize {
+        self.done.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits until every group sent is synced, and returns how many that is.
+    fn wait(&mut self) -> Result<usize> {
+        while self.done() < self.sent {
+            if self.handle.as_ref().is_none_or(JoinHandle::is_finished) {
+                self.finish()?;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(self.done())
     }
 
     fn finish(&mut self) -> Result<()> {

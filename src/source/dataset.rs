@@ -11,20 +11,33 @@ use super::{Listing, Source, SourceSample};
 use crate::Result;
 
 /// An LMDB or WebDataset output of `pack`, read back.
+///
+/// Every sample loaded for conversion is checked against its checksum: otherwise a damaged
+/// sample would be re-packed under a fresh checksum of its damaged bytes, and the damage would
+/// no longer show. A damaged sample is skipped (or stops the run) with the reason. Listing
+/// reads only the small fields and checks nothing, so the dataset is switched to checking
+/// reads once it is listed (LMDB allows one handle per process, so it cannot be opened twice).
 #[derive(Debug)]
 pub struct PackedDataset {
-    dataset: Dataset,
+    dataset: std::sync::RwLock<Option<Dataset>>,
+    path: PathBuf,
 }
 
 impl PackedDataset {
     /// Opens the dataset at `path`.
     pub fn open(path: &Path) -> Result<PackedDataset> {
-        Ok(PackedDataset { dataset: imgpack_reader::open(path)? })
+        let dataset = imgpack_reader::open(path)?;
+        Ok(PackedDataset { dataset: std::sync::RwLock::new(Some(dataset)), path: path.to_path_buf() })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&Dataset) -> T) -> T {
+        let guard = self.dataset.read().unwrap_or_else(|e| e.into_inner());
+        f(guard.as_ref().expect("present except while switching to checked reads"))
     }
 
     /// `imgpack-lmdb` or `imgpack-webdataset`.
     pub fn kind(&self) -> &'static str {
-        match imgpack_reader::detect(self.dataset.path()) {
+        match imgpack_reader::detect(&self.path) {
             Some(Kind::Lmdb) => imgpack_reader::lmdb::FORMAT_NAME,
             _ => imgpack_reader::webdataset::FORMAT_NAME,
         }
@@ -33,35 +46,54 @@ impl PackedDataset {
 
 impl Source for PackedDataset {
     fn list(&self) -> Result<Listing> {
-        let classes = self.dataset.classes().to_vec();
-        let mut samples = Vec::with_capacity(self.dataset.len() as usize);
-        let mut used = vec![false; classes.len()];
-        self.dataset.scan(|sample| {
-            let info = sample.info()?;
-            let class = sample.label()?;
-            let rel_path = info.path_bytes().map_err(|reason| imgpack_reader::Error::BadSample {
-                path: self.dataset.path().to_path_buf(),
-                key: sample.key.clone(),
-                reason,
+        let listing = self.with(|dataset| -> Result<Listing> {
+            let classes = dataset.classes().to_vec();
+            let mut samples = Vec::with_capacity(dataset.len() as usize);
+            let mut used = vec![false; classes.len()];
+            dataset.scan(|sample| {
+                let info = sample.info()?;
+                let class = sample.label()?;
+                let rel_path = info.path_bytes().map_err(|reason| imgpack_reader::Error::BadSample {
+                    path: dataset.path().to_path_buf(),
+                    key: sample.key.clone(),
+                    reason,
+                })?;
+                if let Some(u) = used.get_mut(class as usize) {
+                    *u = true;
+                }
+                let size = sample.payload().map_or(0, |(_, bytes)| bytes.len() as u64);
+                let path: PathBuf = dataset.path().join(&sample.key);
+                samples.push(SourceSample { index: sample.index, path, rel_path, class, size });
+                Ok(())
             })?;
-            if let Some(u) = used.get_mut(class as usize) {
-                *u = true;
-            }
-            let size = sample.payload().map_or(0, |(_, bytes)| bytes.len() as u64);
-            let path: PathBuf = self.dataset.path().join(&sample.key);
-            samples.push(SourceSample { index: sample.index, path, rel_path, class, size });
-            Ok(())
+            let empty_classes =
+                classes.iter().zip(&used).filter(|(_, u)| !**u).map(|(c, _)| c.clone()).collect();
+            Ok(Listing { classes, samples, empty_classes, warnings: Vec::new() })
         })?;
-        let empty_classes = classes.iter().zip(&used).filter(|(_, u)| !**u).map(|(c, _)| c.clone()).collect();
-        Ok(Listing { classes, samples, empty_classes, warnings: Vec::new() })
+        let mut guard = self.dataset.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(dataset) = guard.take() {
+            let verify = dataset.meta().checksum.is_some();
+            *guard = Some(dataset.verify_checksums(verify)?);
+        }
+        Ok(listing)
+    }
+
+    /// A published dataset is never rewritten, and its samples are not files of their own:
+    /// the stored size stands for the sample.
+    fn stamp(&self, sample: &SourceSample) -> crate::resume::Stamp {
+        crate::resume::Stamp { size: sample.size, mtime_ns: 0 }
     }
 
     fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
-        let stored = self.dataset.get(sample.index).map_err(std::io::Error::other)?;
-        match stored.payload() {
-            Some((_, bytes)) => Ok(bytes.to_vec()),
-            None => Err(std::io::Error::other("the sample holds neither an image nor a pixels (npy) field")),
-        }
+        self.with(|dataset| {
+            let stored = dataset.get(sample.index).map_err(std::io::Error::other)?;
+            match stored.payload() {
+                Some((_, bytes)) => Ok(bytes.to_vec()),
+                None => {
+                    Err(std::io::Error::other("the sample holds neither an image nor a pixels (npy) field"))
+                }
+            }
+        })
     }
 }
 

@@ -46,4 +46,10 @@ pub trait Source: Sync {
 
     /// Reads one sample's bytes.
     fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>>;
+
+    /// The sample's size and modification time, which `--resume` compares to tell whether the
+    /// source changed. By default the file at `sample.path`, followed through symlinks.
+    fn stamp(&self, sample: &SourceSample) -> crate::resume::Stamp {
+        crate::resume::Stamp::of(&sample.path)
+    }
 }

@@ -19,7 +19,85 @@ pub fn check(bytes: &[u8]) -> Result<(ImageFormat, u32, u32), String> {
     if width == 0 || height == 0 {
         return Err(format!("{format} header declares an empty image ({width}x{height})"));
     }
+    complete(bytes, format)?;
     Ok((format, width, height))
+}
+
+/// Checks that the file is whole: that its structure runs to its end marker. A file cut short
+/// (an interrupted download or copy) keeps a valid header, and even `--mode passthrough`, which
+/// decodes nothing, must not pack it: Pillow refuses it in the data loader ("image file is
+/// truncated"). This walks the container's markers or chunks only — at memory speed, no
+/// decoding — for the formats whose end is marked (JPEG, PNG, WebP).
+fn complete(bytes: &[u8], format: ImageFormat) -> Result<(), String> {
+    let whole = match format {
+        ImageFormat::Jpeg => jpeg_reaches_eoi(bytes),
+        ImageFormat::Png => png_reaches_iend(bytes),
+        ImageFormat::Webp => {
+            let riff = bytes.get(4..8).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+            riff.is_some_and(|size| bytes.len() as u64 >= u64::from(size) + 8)
+        }
+        _ => true,
+    };
+    if whole {
+        Ok(())
+    } else {
+        let end = match format {
+            ImageFormat::Jpeg => "end-of-image marker",
+            ImageFormat::Png => "IEND chunk",
+            _ => "declared size",
+        };
+        Err(format!("truncated {format}: the file ends before its {end} ({} bytes)", bytes.len()))
+    }
+}
+
+/// Walks a JPEG's markers from SOI to EOI: segments by their lengths, entropy-coded data by
+/// scanning for the next marker (a 0xFF not followed by a stuffed 0x00 or a restart marker).
+fn jpeg_reaches_eoi(bytes: &[u8]) -> bool {
+    let mut pos = 2; // after SOI
+    loop {
+        // Fill bytes (0xFF runs) may precede a marker.
+        while bytes.get(pos) == Some(&0xFF) && bytes.get(pos + 1) == Some(&0xFF) {
+            pos += 1;
+        }
+        let (Some(&0xFF), Some(&marker)) = (bytes.get(pos), bytes.get(pos + 1)) else { return false };
+        pos += 2;
+        match marker {
+            0xD9 => return true,
+            0x01 | 0xD0..=0xD7 => continue,
+            _ => {}
+        }
+        let Some(len) = bytes.get(pos..pos + 2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]]))) else {
+            return false;
+        };
+        pos += len;
+        if marker == 0xDA {
+            // Entropy-coded data follows the scan header, up to the next real marker.
+            loop {
+                let Some(at) = bytes.get(pos..).and_then(|rest| rest.iter().position(|&b| b == 0xFF)) else {
+                    return false;
+                };
+                pos += at;
+                match bytes.get(pos + 1) {
+                    None => return false,
+                    Some(0x00 | 0xD0..=0xD7 | 0xFF) => pos += 1,
+                    Some(_) => break,
+                }
+            }
+        }
+    }
+}
+
+/// Walks a PNG's chunks (length, type, data, CRC) up to `IEND`.
+fn png_reaches_iend(bytes: &[u8]) -> bool {
+    let mut pos = 8; // after the signature
+    while let Some(header) = bytes.get(pos..pos + 8) {
+        let len = u32::from_be_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        if &header[4..8] == b"IEND" {
+            return bytes.len() >= pos + 12; // with its CRC
+        }
+        pos = pos.saturating_add(12).saturating_add(len);
+    }
+    false
 }
 
 /// The `image` crate codec for a format.
@@ -75,5 +153,45 @@ mod tests {
         assert!(truncated.starts_with("corrupt or truncated png header"), "{truncated}");
         let jpeg_head = check(b"\xFF\xD8\xFF\xE0\x00\x10JFIF\x00").unwrap_err();
         assert!(jpeg_head.starts_with("corrupt or truncated jpg header"), "{jpeg_head}");
+    }
+
+    fn encoded(format: image::ImageFormat) -> Vec<u8> {
+        let mut out = Vec::new();
+        let img = image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(40, 30, |x, y| {
+            image::Rgb([(x * 6) as u8, (y * 8) as u8, ((x * y) % 256) as u8])
+        }));
+        img.write_to(&mut Cursor::new(&mut out), format).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_file_cut_short_is_truncated_whatever_its_header_says() {
+        for (format, name) in [
+            (image::ImageFormat::Jpeg, "end-of-image marker"),
+            (image::ImageFormat::Png, "IEND chunk"),
+            (image::ImageFormat::WebP, "declared size"),
+        ] {
+            let whole = encoded(format);
+            assert!(check(&whole).is_ok(), "{format:?}");
+            // With trailing bytes after the end marker it is still whole, as decoders agree.
+            assert!(check(&[&whole[..], b"trailer"].concat()).is_ok(), "{format:?}");
+            for cut in [whole.len() - 1, whole.len() - 2, whole.len() * 2 / 3] {
+                let err = check(&whole[..cut]).unwrap_err();
+                assert!(err.starts_with("truncated") && err.contains(name), "{format:?} cut at {cut}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_bundled_truncated_jpeg_is_caught_and_every_valid_fixture_passes() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
+        let truncated = std::fs::read(root.join("bad/truncated.jpg")).unwrap();
+        assert!(check(&truncated).unwrap_err().starts_with("truncated jpg"));
+        for class in std::fs::read_dir(root.join("imagefolder")).unwrap() {
+            for file in std::fs::read_dir(class.unwrap().path()).unwrap() {
+                let path = file.unwrap().path();
+                assert!(check(&std::fs::read(&path).unwrap()).is_ok(), "{}", path.display());
+            }
+        }
     }
 }

@@ -168,6 +168,22 @@ pub fn check_pixels(width: u32, height: u32, options: &DecodeOptions) -> Result<
     Ok(())
 }
 
+/// Refuses a resize `target` (width, height) larger than `--max-pixels`. Only `--upscale` makes a
+/// target larger than its source, but then a thin image passes the source check and explodes:
+/// a 1 x 20000 PNG of about a hundred bytes brought to a shorter side of 256 is 256 x 5,120,000 —
+/// 3.9 GB of RGB, which aborted the whole run when the allocation failed. The limit is there
+/// to bound memory, so it bounds what is allocated, not only what is read.
+pub fn check_target(source: (u32, u32), target: (u32, u32), options: &DecodeOptions) -> Result<(), String> {
+    let pixels = u64::from(target.0) * u64::from(target.1);
+    if pixels > options.max_pixels {
+        return Err(format!(
+            "resizing this {}x{} image gives {}x{} = {pixels} pixels, more than --max-pixels {}; drop --upscale or raise --max-pixels",
+            source.0, source.1, target.0, target.1, options.max_pixels
+        ));
+    }
+    Ok(())
+}
+
 fn decode_jpeg(
     bytes: &[u8],
     options: &DecodeOptions,
@@ -400,5 +416,8 @@ mod tests {
         let opts = DecodeOptions { max_pixels: 100, ..DecodeOptions::default() };
         let err = check_pixels(20, 20, &opts).unwrap_err();
         assert!(err.contains("--max-pixels 100"), "{err}");
+        assert!(check_target((1, 50), (10, 10), &opts).is_ok());
+        let err = check_target((1, 50), (2, 100), &opts).unwrap_err();
+        assert!(err.starts_with("resizing this 1x50 image gives 2x100 = 200 pixels"), "{err}");
     }
 }

@@ -133,6 +133,7 @@ impl Transcoder {
             Mode::Reencode(r) => {
                 let orientation = decode::orientation(&bytes, format, &self.decode);
                 let (tw, th) = oriented_target(orientation, width, height, r.resize, r.upscale);
+                decode::check_target((width, height), (tw, th), &self.decode)?;
                 let upright = orientation == 1;
                 if let Some(info) = jpeg.filter(|_| r.keep_if_fits && (tw, th) == (width, height)) {
                     // A full (1/8-scale: cheap) decode proves it loads: a truncated or corrupt
@@ -174,6 +175,7 @@ impl Transcoder {
             Mode::Decode(d) => {
                 let orientation = decode::orientation(&bytes, format, &self.decode);
                 let (tw, th) = oriented_target(orientation, width, height, d.resize, d.upscale);
+                decode::check_target((width, height), (tw, th), &self.decode)?;
                 let mut pixels = self.decode_to(&bytes, format, tw, th, d.filter)?;
                 if let Some(n) = d.center_crop {
                     pixels = resize::center_crop(pixels, n);

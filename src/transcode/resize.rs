@@ -20,6 +20,10 @@ pub enum Resize {
 
 /// The size an image of `width` x `height` is brought to. Never larger than the source unless
 /// `upscale`. For `ShorterSide` the longer side is `int(N * long / short)`, as torchvision.
+///
+/// With `upscale`, a thin image can ask for a longer side past `u32::MAX` (1 x 20,000,000 to a
+/// shorter side of 65,536): it saturates there instead of wrapping round to an arbitrary size,
+/// and [`super::decode::check_target`] then refuses it.
 pub fn target_size(width: u32, height: u32, resize: Option<Resize>, upscale: bool) -> (u32, u32) {
     let (w, h) = (u64::from(width), u64::from(height));
     let (short, long) = (w.min(h), w.max(h));
@@ -30,7 +34,7 @@ pub fn target_size(width: u32, height: u32, resize: Option<Resize>, upscale: boo
             if n == short || (n > short && !upscale) {
                 return (width, height);
             }
-            (n, (n * long / short).max(1))
+            (n, (n * long / short).clamp(1, u64::from(u32::MAX)))
         }
         Some(Resize::MaxSide(n)) => {
             let n = u64::from(n);
@@ -234,6 +238,8 @@ mod tests {
         assert_eq!(target_size(200, 100, Some(Resize::ShorterSide(256)), false), (200, 100), "no upscale");
         assert_eq!(target_size(200, 100, Some(Resize::ShorterSide(256)), true), (512, 256));
         assert_eq!(target_size(256, 300, Some(Resize::ShorterSide(256)), false), (256, 300));
+        let thin = target_size(1, 20_000_000, Some(Resize::ShorterSide(65_536)), true);
+        assert_eq!(thin, (65_536, u32::MAX), "saturates rather than wrapping");
     }
 
     #[test]

@@ -67,5 +67,5 @@ def testdata_files() -> list[str]:
 
 @pytest.fixture
 def read_packed() -> Callable[[Path], Packed]:
-    """`read_packed(out_dir)` reads a whole LMDB dataset and checks its layout."""
+    """`read_packed(out_dir)` reads a whole LMDB dataset and checks its layout and checksums."""
     return read_lmdb

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from torchvision.datasets import ImageFolder
 
-from interop_util import BAD, REPO, sniff_ext
+from interop_util import BAD, doc_snippet, sniff_ext
 
 
 def torchvision_samples(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
@@ -119,37 +118,10 @@ def test_matches_torchvision_imagefolder(tmp_path, run_pack, build_tree, read_pa
 
 # --------------------------------------------------------------------------- b) the documented snippet
 
-SNIPPET_MARKER = "<!-- interop-test: lmdb-snippet -->"
-
-
-def doc_snippet(doc: str) -> str:
-    format_md = REPO / doc
-    if not format_md.is_file():
-        pytest.fail(f"{format_md} does not exist; it must hold the LMDB reading snippet", pytrace=False)
-    lines = format_md.read_text(encoding="utf-8").splitlines()
-    starts = [i for i, line in enumerate(lines) if line.strip() == SNIPPET_MARKER]
-    assert len(starts) == 1, f"{doc} must contain the line {SNIPPET_MARKER!r} exactly once (found {len(starts)})"
-    i = starts[0] + 1
-    while i < len(lines) and not lines[i].strip():
-        i += 1
-    assert i < len(lines) and re.fullmatch(r"```\s*python\s*", lines[i].strip()), (
-        f"the line after {SNIPPET_MARKER!r} in {doc} must open a ```python block, found {lines[i:i + 1]}"
-    )
-    body = []
-    for line in lines[i + 1 :]:
-        if line.strip() == "```":
-            break
-        body.append(line)
-    else:
-        pytest.fail("the ```python block after the snippet marker in {doc} is not closed")
-    assert any(line.strip() for line in body), f"the {doc} snippet is empty"
-    return "\n".join(body) + "\n"
-
-
 @pytest.mark.parametrize("doc", ["FORMAT.md", "README.md"])
 def test_doc_snippet(doc, tmp_path, monkeypatch, run_pack, build_tree, read_packed, testdata_files):
     """The Python snippet that FORMAT.md and the README show, run exactly as written."""
-    snippet = doc_snippet(doc)
+    snippet = doc_snippet(doc, "lmdb-snippet")
 
     classes = ["ants", "bees", "wasps"]
     files = {}

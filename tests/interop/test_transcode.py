@@ -11,7 +11,7 @@ sees, `PIL.Image.open(f).convert("RGB")`, and against torchvision's transforms:
    plus `--center-crop` against torchvision's `CenterCrop`;
 5. EXIF orientation: ignored by default, applied by `--exif-rotate` as `ImageOps.exif_transpose`;
 6. a real decompression bomb skipped before decoding (`--max-pixels`);
-7. a truncated JPEG skipped by the modes that decode.
+7. a truncated JPEG skipped in every mode (passthrough walks its markers to the end).
 
 Run: ~/.cache/imgpack-venv/bin/python -m pytest tests/interop -q
 """
@@ -36,7 +36,7 @@ from torchvision import transforms as T
 from torchvision.transforms import InterpolationMode
 
 import interop_util
-from interop_util import BAD, copy_into, read_lmdb, sniff_ext
+from interop_util import BAD, check_webdataset_checksums, copy_into, read_lmdb, sniff_ext
 
 # --------------------------------------------------------------------------- running pack
 
@@ -429,6 +429,7 @@ def test_webdataset_decodes_npy(fidelity_tree, pack_bin):
     assert len(urls) >= 4
     meta = json.loads((out / "imgpack.json").read_text())
     assert meta["fields"] == ["cls", "json", "npy"]
+    check_webdataset_checksums(out)
     # Tar members are named {key}.npy.
     with tarfile.open(urls[0]) as tar:
         assert [m.name for m in tar.getmembers()[:3]] == ["00000000.cls", "00000000.json", "00000000.npy"]
@@ -456,6 +457,7 @@ def test_webdataset_npy_zst(fidelity_tree, pack_bin):
     )
     meta = json.loads((out / "imgpack.json").read_text())
     assert meta["fields"] == ["cls", "json", "npy.zst"]
+    check_webdataset_checksums(out)
     urls = [str(p) for p in sorted(out.glob("shard-*.tar"))]
     n = 0
     total_raw = total_zst = 0
@@ -849,11 +851,13 @@ def test_truncated_jpeg_skipped_when_decoding(mode, truncated_tree, pack_bin, tm
 
 
 def test_truncated_jpeg_passthrough(truncated_tree, pack_bin, tmp_path):
-    """Its header is intact: passthrough (no decode) packs it unchanged."""
-    summary = pack_json(pack_bin, "imagefolder", truncated_tree, "--to", "lmdb", "-o", tmp_path / "out")
-    assert summary["packed"] == 2
-    samples = {s.info["path"]: s for s in read_lmdb(tmp_path / "out").samples}
-    assert samples["a/truncated.jpg"].image == (truncated_tree / "a/truncated.jpg").read_bytes()
+    """Its header is intact, but Pillow cannot load it: passthrough (which decodes nothing)
+    still finds that it ends before its end-of-image marker and skips it."""
+    summary = pack_json(pack_bin, "imagefolder", truncated_tree, "--to", "lmdb", "-o", tmp_path / "out", rc=3)
+    reasons = skipped_names(summary)
+    assert list(reasons) == ["truncated.jpg"], summary["skipped"]
+    assert "truncated jpg" in reasons["truncated.jpg"], reasons
+    assert [s.info["path"] for s in read_lmdb(tmp_path / "out").samples] == ["a/ok.jpg"]
 
 
 def test_truncated_jpeg_keep_if_fits(truncated_tree, pack_bin, tmp_path):

@@ -1,7 +1,8 @@
 """`pack imagefolder ... --to webdataset` checked against the real readers of that format:
 the `webdataset` package, `wids` (through shardindex.json), Python's `tarfile`, GNU tar and
 NVIDIA DALI (CPU only, through our `.idx` files), plus an independent checker of DALI's index
-rules and a conversion round trip through LMDB.
+rules, the CRC-32 of every sample in `imgpack.index` (checked on every output this module
+packs) and a conversion round trip through LMDB.
 
 Run: ~/.cache/imgpack-venv/bin/python -m pytest tests/interop -q
 """
@@ -25,7 +26,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 import interop_util
-from interop_util import IMAGE_EXTS, copy_into, sniff_ext
+from interop_util import IMAGE_EXTS, check_webdataset_checksums, copy_into, sniff_ext
 
 SHARD_SIZE = 200_000  # bytes, passed as "200kB": several shards from ~60 small test images
 PREFIX = "shard"
@@ -81,6 +82,7 @@ class Packed:
     idxs: list  # the matching .idx paths
     meta: dict  # imgpack.json
     shardindex: dict  # shardindex.json
+    index: list  # imgpack.index entries (interop_util.IndexEntry), every CRC checked
 
     @property
     def n(self) -> int:
@@ -110,7 +112,8 @@ def load_packed(root: Path, out: Path) -> Packed:
     assert [i.name for i in idxs] == [t.with_suffix(".idx").name for t in tars], [i.name for i in idxs]
     meta = json.loads((out / "imgpack.json").read_text(encoding="utf-8"))
     shardindex = json.loads((out / "shardindex.json").read_text(encoding="utf-8"))
-    return Packed(root, out, classes, samples, tars, idxs, meta, shardindex)
+    index = check_webdataset_checksums(out)
+    return Packed(root, out, classes, samples, tars, idxs, meta, shardindex, index)
 
 
 @pytest.fixture(scope="module")
@@ -596,6 +599,13 @@ def test_round_trip_through_lmdb(packed, tmp_path, pack_bin):
     # The WebDataset converted from LMDB holds the same shards as the one packed directly.
     for name in [t.name for t in packed.tars] + [i.name for i in packed.idxs] + ["shardindex.json"]:
         assert (wds_dir / name).read_bytes() == (packed.out / name).read_bytes(), f"{name} differs"
+    # And the same sample index, CRCs included, but for the CRC of imgpack.json (bytes 12..16),
+    # whose `source` differs.
+    converted = load_packed(packed.root, wds_dir)
+    assert converted.index == packed.index
+    direct_index, converted_index = (bytearray((d / "imgpack.index").read_bytes()) for d in (packed.out, wds_dir))
+    direct_index[12:16] = converted_index[12:16] = bytes(4)
+    assert converted_index == direct_index, "imgpack.index differs beyond the CRC of imgpack.json"
 
     want, got = all_files(packed.root), all_files(tree2)
     assert sorted(got) == sorted(want), (

@@ -1,0 +1,454 @@
+//! Resuming an interrupted run: the journal, the saved listing, and the ledger of outcomes.
+//!
+//! A run writes into a temporary directory next to its output ([`crate::output::Staged`]). Each
+//! time the sink makes part of its output durable — a finished shard synced to disk, or a
+//! synced LMDB batch (a *checkpoint*) — the pipeline writes a journal beside it: how many source
+//! samples are accounted for, what was packed and skipped up to there, and the run's options.
+//! The journal is replaced atomically (write, `fsync`, rename, `fsync` the directory), so a
+//! crash at any moment leaves either the old one or the new one, and it always describes output
+//! that is on disk. `pack ... --resume` reads it, cuts the output back to the checkpoint and
+//! goes on from there; since the output depends only on the sample sequence, the result is the
+//! one an uninterrupted run writes.
+//!
+//! The run also saves its source listing (every file's path, class, size and modification
+//! time) when it starts. A resumed run lists and `stat`s the source again and refuses to go on
+//! if anything was added, removed or modified, naming what changed: the kept output would
+//! otherwise silently disagree with the source.
+//!
+//! None of these files is published: [`crate::output::Staged::publish`] removes them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fs::{self, File};
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use imgpack_reader::ShardInfo;
+use serde::{Deserialize, Serialize};
+
+use crate::report::Skipped;
+use crate::source::{Listing, SourceSample};
+use crate::{Error, Result};
+
+/// The journal file in the temporary directory.
+pub const JOURNAL_FILE: &str = "imgpack-resume.json";
+/// The saved source listing in the temporary directory.
+pub const LISTING_FILE: &str = "imgpack-resume.listing.zst";
+/// The LMDB sink's per-sample checksums up to the last checkpoint.
+pub const SUMS_FILE: &str = "imgpack-resume.sums";
+/// The next journal, before it replaces the last one.
+const JOURNAL_TEMP: &str = "imgpack-resume.json.tmp";
+/// Every file a run may leave in a temporary directory for resuming (removed before publishing).
+pub const FILES: [&str; 4] = [JOURNAL_FILE, LISTING_FILE, SUMS_FILE, JOURNAL_TEMP];
+
+/// A file's size and modification time, as `stat` says when the run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// Size in bytes (`u64::MAX` if the file could not be `stat`ed).
+    pub size: u64,
+    /// Modification time in nanoseconds since the epoch (the error number if not `stat`ed).
+    pub mtime_ns: i64,
+}
+
+impl Stamp {
+    /// The stamp of the file at `path`, following symlinks as reading does.
+    pub fn of(path: &Path) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        match fs::metadata(path) {
+            Ok(m) => Stamp { size: m.len(), mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec() },
+            Err(e) => Stamp { size: u64::MAX, mtime_ns: i64::from(e.raw_os_error().unwrap_or(-1)) },
+        }
+    }
+}
+
+/// How far a run got: everything needed to continue it and to report on it at the end.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Source samples (in listing order, after any shuffle) fully accounted for.
+    pub position: u64,
+    /// Samples packed among them.
+    pub packed: u64,
+    /// Source bytes of the packed samples.
+    pub bytes_in: u64,
+    /// Packed samples by source format.
+    pub formats: BTreeMap<String, u64>,
+    /// Images stored unchanged by `--keep-if-fits`.
+    pub kept_unchanged: u64,
+    /// Stored payload extensions.
+    pub fields: BTreeSet<String>,
+    /// Skipped samples: listing position and reason (the path comes from the listing).
+    pub skipped: Vec<(u64, String)>,
+    /// WebDataset: the finished, synced shards.
+    pub shards: Vec<ShardInfo>,
+}
+
+/// The journal: the run it belongs to and how far it got.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Journal {
+    /// What made the output: tool, source, format and options. A resumed run must match it.
+    pub run: serde_json::Value,
+    /// Source samples listed.
+    pub found: u64,
+    /// The last checkpoint.
+    pub progress: Progress,
+}
+
+impl Journal {
+    /// Reads the journal in `dir`, if there is one.
+    pub fn read(dir: &Path) -> Result<Option<Journal>> {
+        let path = dir.join(JOURNAL_FILE);
+        match fs::read(&path) {
+            Ok(raw) => serde_json::from_slice(&raw).map(Some).map_err(|e| {
+                Error::Usage(format!(
+                    "{}: the journal of the interrupted run is unreadable ({e}); run without --resume to start over",
+                    path.display()
+                ))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(&path)(e)),
+        }
+    }
+
+    /// Replaces the journal in `dir` atomically and durably.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let temp = dir.join(JOURNAL_TEMP);
+        let mut bytes = serde_json::to_vec_pretty(self).expect("journal serialises");
+        bytes.push(b'\n');
+        let mut file = File::create(&temp).map_err(Error::io(&temp))?;
+        file.write_all(&bytes).and_then(|()| file.sync_all()).map_err(Error::io(&temp))?;
+        let path = dir.join(JOURNAL_FILE);
+        fs::rename(&temp, &path).map_err(Error::io(&path))?;
+        File::open(dir).and_then(|d| d.sync_all()).map_err(Error::io(dir))
+    }
+}
+
+/// What differs between two run descriptions (see [`Journal::run`]), as `key: before -> now`,
+/// nested keys joined with dots.
+pub fn differences(before: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
+    use serde_json::Value;
+    match (before, now) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            keys.into_iter()
+                .flat_map(|key| {
+                    let (x, y) = (a.get(key).unwrap_or(&Value::Null), b.get(key).unwrap_or(&Value::Null));
+                    differences(x, y).into_iter().map(move |d| {
+                        if d.starts_with(": ") {
+                            format!("{key}{d}")
+                        } else {
+                            format!("{key}.{d}")
+                        }
+                    })
+                })
+                .collect()
+        }
+        _ if before == now => Vec::new(),
+        _ => vec![format!(": {before} -> {now}")],
+    }
+}
+
+/// The outcome of every source sample since the last checkpoint, and the totals up to it.
+///
+/// Outcomes arrive in source order; a checkpoint says how many samples the sink has made
+/// durable, and the ledger folds exactly the outcomes up to the last of those into the
+/// checkpoint's [`Progress`]. Skips after it stay pending: a resumed run meets them again.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    durable: Progress,
+    pending: VecDeque<Outcome>,
+}
+
+/// One source sample's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Packed from `bytes_in` source bytes of `format`, stored as `field`.
+    Packed { position: u64, bytes_in: u64, format: String, kept: bool, field: String },
+    /// Skipped for `reason`.
+    Skipped { position: u64, reason: String },
+}
+
+impl Ledger {
+    /// A ledger that continues from `progress`.
+    pub fn resume(progress: Progress) -> Ledger {
+        Ledger { durable: progress, pending: VecDeque::new() }
+    }
+
+    /// Records the next sample's outcome.
+    pub fn record(&mut self, outcome: Outcome) {
+        self.pending.push_back(outcome);
+    }
+
+    /// Samples packed so far, durable or not.
+    pub fn packed(&self) -> u64 {
+        self.durable.packed
+            + self.pending.iter().filter(|o| matches!(o, Outcome::Packed { .. })).count() as u64
+    }
+
+    /// Folds outcomes into the durable totals until `packed` samples are durable, and returns
+    /// them (with `shards` as the sink says).
+    pub fn checkpoint(&mut self, packed: u64, shards: Vec<ShardInfo>) -> &Progress {
+        while self.durable.packed < packed {
+            let Some(outcome) = self.pending.pop_front() else { break };
+            fold(&mut self.durable, outcome);
+        }
+        self.durable.shards = shards;
+        &self.durable
+    }
+
+    /// Every outcome, durable or not: the run's totals.
+    pub fn total(&self) -> Progress {
+        let mut all = self.durable.clone();
+        self.pending.iter().cloned().for_each(|o| fold(&mut all, o));
+        all
+    }
+}
+
+fn fold(progress: &mut Progress, outcome: Outcome) {
+    match outcome {
+        Outcome::Packed { position, bytes_in, format, kept, field } => {
+            progress.position = position + 1;
+            progress.packed += 1;
+            progress.bytes_in += bytes_in;
+            *progress.formats.entry(format).or_default() += 1;
+            progress.kept_unchanged += u64::from(kept);
+            progress.fields.insert(field);
+        }
+        Outcome::Skipped { position, reason } => {
+            progress.position = position + 1;
+            progress.skipped.push((position, reason));
+        }
+    }
+}
+
+/// The skipped samples of `progress` with their paths from the listing.
+pub fn skipped(progress: &Progress, samples: &[SourceSample]) -> Vec<Skipped> {
+    progress
+        .skipped
+        .iter()
+        .map(|(position, reason)| {
+            let path = samples.get(*position as usize).map_or_else(PathBuf::new, |s| s.path.clone());
+            Skipped::new(path, reason.clone())
+        })
+        .collect()
+}
+
+const LISTING_MAGIC: &[u8; 8] = b"IMGPKLST";
+
+/// Saves the listing, with each sample's stamp, zstd-compressed (paths compress ~10x).
+pub fn save_listing(dir: &Path, listing: &Listing, stamps: &[Stamp]) -> Result<()> {
+    let path = dir.join(LISTING_FILE);
+    let io = Error::io(&path);
+    let write = || -> std::io::Result<()> {
+        let file = File::create(&path)?;
+        let mut out = zstd::stream::Encoder::new(BufWriter::new(file), 3)?;
+        out.write_all(LISTING_MAGIC)?;
+        out.write_all(&(listing.classes.len() as u64).to_le_bytes())?;
+        for class in &listing.classes {
+            write_bytes(&mut out, class.as_bytes())?;
+        }
+        out.write_all(&(listing.samples.len() as u64).to_le_bytes())?;
+        for (sample, stamp) in listing.samples.iter().zip(stamps) {
+            out.write_all(&sample.class.to_le_bytes())?;
+            out.write_all(&stamp.size.to_le_bytes())?;
+            out.write_all(&stamp.mtime_ns.to_le_bytes())?;
+            write_bytes(&mut out, &sample.rel_path)?;
+        }
+        let file = out.finish()?.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()
+    };
+    write().map_err(io)
+}
+
+fn write_bytes(out: &mut impl Write, bytes: &[u8]) -> std::io::Result<()> {
+    out.write_all(&(bytes.len() as u32).to_le_bytes())?;
+    out.write_all(bytes)
+}
+
+/// A saved listing: class names, and per sample its class, stamp and relative path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SavedListing {
+    /// Class names.
+    pub classes: Vec<String>,
+    /// `(class, stamp, relative path)` per sample, in listing order.
+    pub samples: Vec<(u32, Stamp, Vec<u8>)>,
+}
+
+/// Reads a listing saved by [`save_listing`].
+pub fn read_listing(dir: &Path) -> Result<SavedListing> {
+    let path = dir.join(LISTING_FILE);
+    let read = || -> std::io::Result<SavedListing> {
+        let mut input = zstd::stream::Decoder::new(BufReader::new(File::open(&path)?))?;
+        let mut magic = [0u8; 8];
+        input.read_exact(&mut magic)?;
+        if &magic != LISTING_MAGIC {
+            return Err(std::io::Error::other("not a saved listing"));
+        }
+        let classes = (0..read_u64(&mut input)?)
+            .map(|_| read_bytes(&mut input).map(|b| String::from_utf8_lossy(&b).into_owned()))
+            .collect::<std::io::Result<_>>()?;
+        let count = read_u64(&mut input)?;
+        let mut samples = Vec::with_capacity(count.min(1 << 24) as usize);
+        for _ in 0..count {
+            let mut fixed = [0u8; 20];
+            input.read_exact(&mut fixed)?;
+            let class = u32::from_le_bytes(fixed[..4].try_into().expect("4"));
+            let size = u64::from_le_bytes(fixed[4..12].try_into().expect("8"));
+            let mtime_ns = i64::from_le_bytes(fixed[12..20].try_into().expect("8"));
+            samples.push((class, Stamp { size, mtime_ns }, read_bytes(&mut input)?));
+        }
+        Ok(SavedListing { classes, samples })
+    };
+    read().map_err(|e| {
+        Error::Usage(format!(
+            "{}: the interrupted run's saved listing is unreadable ({e}); run without --resume to start over",
+            path.display()
+        ))
+    })
+}
+
+fn read_u64(input: &mut impl Read) -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    input.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+fn read_bytes(input: &mut impl Read) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    input.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > 1 << 16 {
+        return Err(std::io::Error::other("a path longer than 64 KiB"));
+    }
+    let mut bytes = vec![0u8; len];
+    input.read_exact(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// What changed between the saved listing and the current one, or `None` if nothing did.
+pub fn changes(saved: &SavedListing, listing: &Listing, stamps: &[Stamp]) -> Option<String> {
+    if saved.classes != listing.classes {
+        return Some(format!("the classes changed from {:?} to {:?}", saved.classes, listing.classes));
+    }
+    let before: HashMap<&[u8], (u32, Stamp)> =
+        saved.samples.iter().map(|(class, stamp, rel)| (rel.as_slice(), (*class, *stamp))).collect();
+    let now: HashMap<&[u8], (u32, Stamp)> = listing
+        .samples
+        .iter()
+        .zip(stamps)
+        .map(|(s, stamp)| (s.rel_path.as_slice(), (s.class, *stamp)))
+        .collect();
+    let name = |rel: &[u8]| String::from_utf8_lossy(rel).into_owned();
+    let mut added: Vec<String> = now.keys().filter(|k| !before.contains_key(*k)).map(|k| name(k)).collect();
+    let mut removed: Vec<String> = before.keys().filter(|k| !now.contains_key(*k)).map(|k| name(k)).collect();
+    let mut modified: Vec<String> =
+        now.iter().filter(|(k, v)| before.get(*k).is_some_and(|b| b != *v)).map(|(k, _)| name(k)).collect();
+    let reordered = added.is_empty()
+        && removed.is_empty()
+        && modified.is_empty()
+        && saved
+            .samples
+            .iter()
+            .map(|s| s.2.as_slice())
+            .ne(listing.samples.iter().map(|s| s.rel_path.as_slice()));
+    let mut parts = Vec::new();
+    for (what, list) in [("added", &mut added), ("removed", &mut removed), ("modified", &mut modified)] {
+        if list.is_empty() {
+            continue;
+        }
+        list.sort();
+        let shown: Vec<&str> = list.iter().take(5).map(String::as_str).collect();
+        let more = if list.len() > 5 { format!(" and {} more", list.len() - 5) } else { String::new() };
+        parts.push(format!("{} {what} ({}{more})", list.len(), shown.join(", ")));
+    }
+    if reordered {
+        parts.push("the same files list in another order".into());
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(position: u64, rel: &str, class: u32) -> SourceSample {
+        SourceSample { index: position, path: rel.into(), rel_path: rel.as_bytes().to_vec(), class, size: 0 }
+    }
+
+    fn packed(position: u64) -> Outcome {
+        Outcome::Packed { position, bytes_in: 10, format: "jpg".into(), kept: false, field: "jpg".into() }
+    }
+
+    #[test]
+    fn a_checkpoint_folds_outcomes_up_to_the_last_durable_sample() {
+        let mut ledger = Ledger::default();
+        ledger.record(packed(0));
+        ledger.record(Outcome::Skipped { position: 1, reason: "bad".into() });
+        ledger.record(packed(2));
+        ledger.record(Outcome::Skipped { position: 3, reason: "bad".into() });
+        ledger.record(packed(4));
+        let progress = ledger.checkpoint(2, Vec::new()).clone();
+        assert_eq!((progress.position, progress.packed, progress.skipped.len()), (3, 2, 1));
+        assert_eq!(progress.bytes_in, 20);
+        // The skip after the durable samples is met again by a resumed run.
+        let total = ledger.total();
+        assert_eq!((total.position, total.packed, total.skipped.len()), (5, 3, 2));
+        assert_eq!(ledger.packed(), 3);
+    }
+
+    #[test]
+    fn journals_and_listings_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Journal::read(dir.path()).unwrap().is_none());
+        let journal = Journal {
+            run: serde_json::json!({"to": "lmdb"}),
+            found: 3,
+            progress: Progress {
+                position: 2,
+                packed: 1,
+                skipped: vec![(1, "bad".into())],
+                ..Progress::default()
+            },
+        };
+        journal.write(dir.path()).unwrap();
+        assert_eq!(Journal::read(dir.path()).unwrap(), Some(journal));
+
+        let listing = Listing {
+            classes: vec!["a".into(), "b".into()],
+            samples: vec![sample(0, "a/1.jpg", 0), sample(1, "b/\u{e9}.jpg", 1)],
+            ..Listing::default()
+        };
+        let stamps = [Stamp { size: 5, mtime_ns: 7 }, Stamp { size: 6, mtime_ns: 8 }];
+        save_listing(dir.path(), &listing, &stamps).unwrap();
+        let saved = read_listing(dir.path()).unwrap();
+        assert_eq!(saved.classes, listing.classes);
+        assert_eq!(saved.samples[1], (1, stamps[1], "b/\u{e9}.jpg".as_bytes().to_vec()));
+        assert_eq!(changes(&saved, &listing, &stamps), None);
+    }
+
+    #[test]
+    fn differences_name_each_changed_option() {
+        let a = serde_json::json!({"tool": "x", "options": {"shuffle": false, "seed": null, "to": "lmdb"}});
+        let b = serde_json::json!({"tool": "x", "options": {"shuffle": true, "seed": 7, "to": "lmdb"}});
+        assert_eq!(differences(&a, &b), ["options.seed: null -> 7", "options.shuffle: false -> true"]);
+        assert!(differences(&a, &a).is_empty());
+    }
+
+    #[test]
+    fn changes_name_what_was_added_removed_and_modified() {
+        let classes = vec!["a".to_string()];
+        let saved = SavedListing {
+            classes: classes.clone(),
+            samples: vec![
+                (0, Stamp { size: 1, mtime_ns: 1 }, b"a/1.jpg".to_vec()),
+                (0, Stamp { size: 1, mtime_ns: 1 }, b"a/2.jpg".to_vec()),
+            ],
+        };
+        let listing = Listing {
+            classes,
+            samples: vec![sample(0, "a/1.jpg", 0), sample(1, "a/3.jpg", 0)],
+            ..Listing::default()
+        };
+        let stamps = [Stamp { size: 2, mtime_ns: 1 }, Stamp { size: 1, mtime_ns: 1 }];
+        let text = changes(&saved, &listing, &stamps).unwrap();
+        assert_eq!(text, "1 added (a/3.jpg); 1 removed (a/2.jpg); 1 modified (a/1.jpg)");
+    }
+}
