@@ -62,6 +62,7 @@ fn main() {
                         ("jpg".into(), image),
                         ("json".into(), br#"{"path":"c/x.jpg","class":"c"}"#.to_vec()),
                     ],
+                    crcs: Vec::new(),
                 }
             })
             .collect();

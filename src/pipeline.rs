@@ -125,7 +125,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     let unpacking = config.format == OutputFormat::ImageFolder;
     let start = usize::try_from(ledger.total().position).unwrap_or(usize::MAX).min(listing.samples.len());
     let mut chunker = Chunker::with_budget(config.checkpoint_bytes);
-    let (tx, rx) = mpsc::sync_channel::<Vec<Result<Image, String>>>(1);
+    let (tx, rx) = mpsc::sync_channel::<Vec<Result<(Image, u32), String>>>(1);
     let written = std::thread::scope(|scope| -> Result<()> {
         let samples = &listing.samples;
         let source = &*source;
@@ -135,7 +135,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
             while next < samples.len() && !crate::interrupt::requested() {
                 let range = next..(next + chunker.next_len()).min(samples.len());
                 next = range.end;
-                let loaded: Vec<Result<Image, String>> = pool.install(|| {
+                let loaded: Vec<Result<(Image, u32), String>> = pool.install(|| {
                     samples[range].par_iter().map(|s| load(source, transcoder, s, unpacking)).collect()
                 });
                 chunker.observe(&loaded);
@@ -154,7 +154,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                 next += 1;
                 bar.inc(1);
                 match result {
-                    Ok(image) => {
+                    Ok((image, crc)) => {
                         let key = format_key(ledger.packed(), width);
                         ledger.record(Outcome::Packed {
                             position,
@@ -163,7 +163,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                             kept: image.kept,
                             field: image.ext.to_string(),
                         });
-                        batch.push(packed_sample(key, sample, &listing.classes, image));
+                        batch.push(packed_sample(key, sample, &listing.classes, image, crc));
                     }
                     Err(reason) if config.on_error == OnError::Fail => {
                         return Err(Error::BadSample { path: sample.path.clone(), reason });
@@ -286,14 +286,15 @@ fn open_resumable(
     Ok((sink, Ledger::resume(journal.progress)))
 }
 
-/// Reads and checks one sample; the error is the reason it is skipped. When unpacking to a
-/// tree, a sample whose recorded path would land outside the tree is refused here.
+/// Reads and checks one sample, and computes the CRC-32 of its stored bytes here, on the worker
+/// threads, rather than on the one writer thread; the error is the reason it is skipped. When
+/// unpacking to a tree, a sample whose recorded path would land outside the tree is refused here.
 fn load(
     source: &dyn Source,
     transcoder: &Transcoder,
     sample: &SourceSample,
     unpacking: bool,
-) -> Result<Image, String> {
+) -> Result<(Image, u32), String> {
     if unpacking {
         safe_relative(&sample.rel_path)?;
     }
@@ -315,19 +316,30 @@ fn load(
             image.ext
         ));
     }
-    Ok(image)
+    let crc = imgpack_reader::checksum::crc32(&image.bytes);
+    Ok((image, crc))
 }
 
 /// Builds the stored fields of one sample, sorted by extension.
-fn packed_sample(key: String, sample: &SourceSample, classes: &[String], image: Image) -> PackedSample {
+fn packed_sample(
+    key: String,
+    sample: &SourceSample,
+    classes: &[String],
+    image: Image,
+    image_crc: u32,
+) -> PackedSample {
     let info = SampleInfo::new(&sample.rel_path, &classes[sample.class as usize]);
+    let cls = sample.class.to_string().into_bytes();
+    let json = serde_json::to_vec(&info).expect("sample info serialises");
+    let (cls_crc, json_crc) = (imgpack_reader::checksum::crc32(&cls), imgpack_reader::checksum::crc32(&json));
     let mut fields = vec![
-        (CLS_FIELD.to_string(), sample.class.to_string().into_bytes()),
-        (image.ext.to_string(), image.bytes),
-        (JSON_FIELD.to_string(), serde_json::to_vec(&info).expect("sample info serialises")),
+        ((CLS_FIELD.to_string(), cls), cls_crc),
+        ((image.ext.to_string(), image.bytes), image_crc),
+        ((JSON_FIELD.to_string(), json), json_crc),
     ];
-    fields.sort_by(|a, b| a.0.cmp(&b.0));
-    PackedSample { key, fields }
+    fields.sort_by(|a, b| a.0 .0.cmp(&b.0 .0));
+    let (fields, crcs) = fields.into_iter().unzip();
+    PackedSample { key, fields, crcs }
 }
 
 /// Chooses how many samples the next chunk takes so that it holds about [`CHUNK_BYTES`]:
@@ -362,10 +374,10 @@ impl Chunker {
         ((self.budget / average) as usize).clamp(1, CHUNK_SAMPLES)
     }
 
-    fn observe(&mut self, loaded: &[Result<Image, String>]) {
+    fn observe(&mut self, loaded: &[Result<(Image, u32), String>]) {
         self.samples += loaded.len() as u64;
         self.bytes +=
-            loaded.iter().map(|r| r.as_ref().map_or(0, |image| image.bytes.len() as u64)).sum::<u64>();
+            loaded.iter().map(|r| r.as_ref().map_or(0, |(image, _)| image.bytes.len() as u64)).sum::<u64>();
     }
 }
 
@@ -373,16 +385,19 @@ impl Chunker {
 mod tests {
     use super::*;
 
-    fn image(len: usize) -> Result<Image, String> {
-        Ok(Image {
-            kind: "jpg",
-            ext: "jpg",
-            bytes: vec![0; len],
-            width: 1,
-            height: 1,
-            kept: false,
-            source_bytes: len as u64,
-        })
+    fn image(len: usize) -> Result<(Image, u32), String> {
+        Ok((
+            Image {
+                kind: "jpg",
+                ext: "jpg",
+                bytes: vec![0; len],
+                width: 1,
+                height: 1,
+                kept: false,
+                source_bytes: len as u64,
+            },
+            0,
+        ))
     }
 
     #[test]

@@ -155,6 +155,8 @@ pub fn differences(before: &serde_json::Value, now: &serde_json::Value) -> Vec<S
 pub struct Ledger {
     durable: Progress,
     pending: VecDeque<Outcome>,
+    /// How many of `pending` are packed samples (counted, not scanned: asked once per sample).
+    pending_packed: u64,
 }
 
 /// One source sample's outcome.
@@ -169,18 +171,18 @@ pub enum Outcome {
 impl Ledger {
     /// A ledger that continues from `progress`.
     pub fn resume(progress: Progress) -> Ledger {
-        Ledger { durable: progress, pending: VecDeque::new() }
+        Ledger { durable: progress, pending: VecDeque::new(), pending_packed: 0 }
     }
 
     /// Records the next sample's outcome.
     pub fn record(&mut self, outcome: Outcome) {
+        self.pending_packed += u64::from(matches!(outcome, Outcome::Packed { .. }));
         self.pending.push_back(outcome);
     }
 
     /// Samples packed so far, durable or not.
     pub fn packed(&self) -> u64 {
-        self.durable.packed
-            + self.pending.iter().filter(|o| matches!(o, Outcome::Packed { .. })).count() as u64
+        self.durable.packed + self.pending_packed
     }
 
     /// Folds outcomes into the durable totals until `packed` samples are durable, and returns
@@ -188,6 +190,7 @@ impl Ledger {
     pub fn checkpoint(&mut self, packed: u64, shards: Vec<ShardInfo>) -> &Progress {
         while self.durable.packed < packed {
             let Some(outcome) = self.pending.pop_front() else { break };
+            self.pending_packed -= u64::from(matches!(outcome, Outcome::Packed { .. }));
             fold(&mut self.durable, outcome);
         }
         self.durable.shards = shards;

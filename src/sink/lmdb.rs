@@ -25,7 +25,7 @@ use std::path::Path;
 
 use heed::types::Bytes;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, MdbError, PutFlags, RwTxn};
-use imgpack_reader::checksum::{crc32, crc32_parts, Table, TABLE_KEY};
+use imgpack_reader::checksum::{crc32, Table, TABLE_KEY};
 use imgpack_reader::key::{format_key, META_KEY};
 use imgpack_reader::Meta;
 
@@ -48,6 +48,16 @@ pub struct LmdbSink {
     /// Value bytes committed since the last sync.
     unsynced: u64,
     checkpoint_bytes: u64,
+    /// The background sync in flight, if any.
+    pending: Option<PendingSync>,
+    /// A checkpoint reached but not reported yet (samples durable).
+    ready: Option<usize>,
+}
+
+/// A sync of the database running on its own thread, covering the first `samples` samples.
+struct PendingSync {
+    samples: usize,
+    handle: std::thread::JoinHandle<heed::Result<()>>,
 }
 
 /// Values written between two checkpoints by default: a sync every 256 MiB costs little next
@@ -157,6 +167,8 @@ impl LmdbSink {
             saved_sums: 0,
             unsynced: 0,
             checkpoint_bytes,
+            pending: None,
+            ready: None,
         })
     }
 
@@ -187,7 +199,32 @@ impl LmdbSink {
         }
     }
 
+    /// Waits for the background sync, if one is running, and records its checkpoint.
+    fn join_pending(&mut self) -> Result<()> {
+        let Some(pending) = self.pending.take() else { return Ok(()) };
+        match pending.handle.join() {
+            Ok(result) => result.map_err(|e| self.error(e))?,
+            Err(_) => return Err(Error::Usage("the LMDB sync thread panicked".into())),
+        }
+        self.save_sums(pending.samples)
+    }
+
+    /// Appends the checksums of samples up to `samples` to the sums file, syncs it, and marks
+    /// them as the next checkpoint to report.
+    fn save_sums(&mut self, samples: usize) -> Result<()> {
+        let path = self.staged.path().join(SUMS_FILE);
+        let bytes: Vec<u8> =
+            self.sums[self.saved_sums..samples].iter().flat_map(|c| c.to_le_bytes()).collect();
+        let mut file = fs::OpenOptions::new().append(true).open(&path).map_err(Error::io(&path))?;
+        file.write_all(&bytes).and_then(|()| file.sync_data()).map_err(Error::io(&path))?;
+        self.saved_sums = samples;
+        self.ready = Some(samples);
+        Ok(())
+    }
+
     fn grow(&mut self) -> Result<()> {
+        // Resizing remaps the file; let a background sync finish first.
+        self.join_pending()?;
         let new_size = round_to_page(self.map_size.saturating_mul(2));
         // SAFETY: LMDB allows resizing while no transaction is open; the failed transaction was
         // dropped (aborted) before this call and this sink is the environment's only user.
@@ -204,26 +241,37 @@ impl LmdbSink {
 impl Sink for LmdbSink {
     fn write_batch(&mut self, batch: &[PackedSample]) -> Result<()> {
         self.transact(|sink, txn| sink.put_all(txn, batch))?;
-        self.sums.extend(batch.iter().map(|sample| crc32_parts(sample.fields.iter().map(|(_, b)| &b[..]))));
+        self.sums.extend(batch.iter().map(PackedSample::crc));
         self.unsynced += batch.iter().map(PackedSample::bytes).sum::<u64>();
         Ok(())
     }
 
+    /// Every `checkpoint_bytes` a background thread syncs the database (an `fdatasync` that
+    /// covers every batch committed before it) while the writer goes on; the checkpoint is
+    /// reported once that sync is done. With `now`, it syncs on the spot.
     fn checkpoint(&mut self, now: bool) -> Result<Option<Durable>> {
-        if self.saved_sums == self.sums.len() || (!now && self.unsynced < self.checkpoint_bytes) {
-            return Ok(None);
+        if now || self.pending.as_ref().is_some_and(|p| p.handle.is_finished()) {
+            self.join_pending()?;
         }
-        self.env.force_sync().map_err(|e| self.error(e))?;
-        let path = self.staged.path().join(SUMS_FILE);
-        let bytes: Vec<u8> = self.sums[self.saved_sums..].iter().flat_map(|c| c.to_le_bytes()).collect();
-        let mut file = fs::OpenOptions::new().append(true).open(&path).map_err(Error::io(&path))?;
-        file.write_all(&bytes).and_then(|()| file.sync_data()).map_err(Error::io(&path))?;
-        self.saved_sums = self.sums.len();
-        self.unsynced = 0;
-        Ok(Some(Durable { samples: self.sums.len() as u64, shards: Vec::new() }))
+        if now {
+            if self.saved_sums < self.sums.len() {
+                self.env.force_sync().map_err(|e| self.error(e))?;
+                self.save_sums(self.sums.len())?;
+            }
+        } else if self.pending.is_none() && self.unsynced >= self.checkpoint_bytes {
+            let env = self.env.clone();
+            let handle = std::thread::Builder::new()
+                .name("imgpack-lmdb-sync".into())
+                .spawn(move || env.force_sync())
+                .map_err(Error::io(self.staged.path()))?;
+            self.pending = Some(PendingSync { samples: self.sums.len(), handle });
+            self.unsynced = 0;
+        }
+        Ok(self.ready.take().map(|samples| Durable { samples: samples as u64, shards: Vec::new() }))
     }
 
     fn finish(mut self: Box<Self>, meta: &Meta) -> Result<Finished> {
+        self.join_pending()?;
         let json = serde_json::to_vec(meta).expect("metadata serialises");
         let table = Table { meta_crc32: crc32(&json), samples: std::mem::take(&mut self.sums) }.encode();
         self.transact(|sink, txn| {
@@ -301,6 +349,7 @@ mod tests {
                 .map(|i| PackedSample {
                     key: format!("{:08}", batch * 10 + i),
                     fields: vec![("cls".into(), b"0".to_vec()), ("jpg".into(), value.clone())],
+                    crcs: Vec::new(),
                 })
                 .collect();
             sink.write_batch(&samples).unwrap();

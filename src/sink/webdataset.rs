@@ -195,7 +195,7 @@ impl WebDatasetSink {
         let start = shard.bytes;
         let mut crc = crc32fast::Hasher::new();
         let mut components = Vec::with_capacity(sample.fields.len());
-        for (ext, data) in &sample.fields {
+        for (i, (ext, data)) in sample.fields.iter().enumerate() {
             let name = format!("{}.{ext}", sample.key);
             let header = ustar_header(&name, data.len() as u64)
                 .map_err(|reason| Error::Usage(format!("sample {}: {reason}", sample.key)))?;
@@ -206,8 +206,12 @@ impl WebDatasetSink {
                 name,
             });
             let padding = &[0u8; BLOCK as usize][..((BLOCK - data.len() as u64 % BLOCK) % BLOCK) as usize];
+            // The data's CRC was computed by the loader; only the header and padding are
+            // summed here.
+            crc.update(&header);
+            crc.combine(&crc32fast::Hasher::new_with_initial_len(sample.field_crc(i), data.len() as u64));
+            crc.update(padding);
             for part in [&header[..], data, padding] {
-                crc.update(part);
                 shard.write(part)?;
             }
         }

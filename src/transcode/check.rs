@@ -50,8 +50,12 @@ fn complete(bytes: &[u8], format: ImageFormat) -> Result<(), String> {
     }
 }
 
-/// Walks a JPEG's markers from SOI to EOI: segments by their lengths, entropy-coded data by
-/// scanning for the next marker (a 0xFF not followed by a stuffed 0x00 or a restart marker).
+/// Whether a JPEG reaches its end-of-image marker: the segments before the first scan are
+/// walked by their lengths, then an EOI (`FF D9`) must follow somewhere after that scan's start.
+/// In entropy-coded data a `0xFF` is always followed by a stuffed `0x00` or a restart marker, so
+/// an `FF D9` there can only be the real end (an EXIF thumbnail's own EOI lies before the first
+/// scan). The search runs backwards from the end with `memchr`, so a whole file — EOI last — is
+/// confirmed in a few bytes, and only a damaged one is read through.
 fn jpeg_reaches_eoi(bytes: &[u8]) -> bool {
     let mut pos = 2; // after SOI
     loop {
@@ -71,18 +75,7 @@ fn jpeg_reaches_eoi(bytes: &[u8]) -> bool {
         };
         pos += len;
         if marker == 0xDA {
-            // Entropy-coded data follows the scan header, up to the next real marker.
-            loop {
-                let Some(at) = bytes.get(pos..).and_then(|rest| rest.iter().position(|&b| b == 0xFF)) else {
-                    return false;
-                };
-                pos += at;
-                match bytes.get(pos + 1) {
-                    None => return false,
-                    Some(0x00 | 0xD0..=0xD7 | 0xFF) => pos += 1,
-                    Some(_) => break,
-                }
-            }
+            return bytes.get(pos..).is_some_and(|rest| memchr::memmem::rfind(rest, b"\xFF\xD9").is_some());
         }
     }
 }
