@@ -53,13 +53,14 @@ pub enum Error {
     /// Options that contradict each other or are out of range.
     #[error("{0}")]
     Usage(String),
-    /// The run was interrupted (SIGINT or SIGTERM) and stopped at a checkpoint.
-    #[error("interrupted: {packed} samples are safely on disk in {}; run the same command with --resume to continue", temp.display())]
+    /// The run was interrupted (SIGINT or SIGTERM): it stopped at a checkpoint, or, before the
+    /// first one, with nothing kept. Nothing was published either way.
+    #[error("{}", interrupted(temp, *kept))]
     Interrupted {
         /// The temporary directory holding the work done.
         temp: PathBuf,
-        /// Samples packed up to the checkpoint.
-        packed: u64,
+        /// Samples kept at the last checkpoint, if there was one.
+        kept: Option<u64>,
     },
     /// `--resume` cannot continue the interrupted run.
     #[error("{}: cannot resume: {reason}; run without --resume to start over", path.display())]
@@ -72,6 +73,16 @@ pub enum Error {
     /// Reading a dataset back failed.
     #[error(transparent)]
     Reader(#[from] imgpack_reader::Error),
+}
+
+fn interrupted(temp: &std::path::Path, kept: Option<u64>) -> String {
+    match kept {
+        Some(packed) => format!(
+            "interrupted: {packed} samples are safely on disk in {}; run the same command with --resume to continue",
+            temp.display()
+        ),
+        None => "interrupted before the first checkpoint: nothing was kept or published; run the same command again".into(),
+    }
 }
 
 /// What to do when a write fails for want of space, by `errno`: the cause and the fix,

@@ -181,11 +181,17 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
         }
         Ok(())
     });
-    if crate::interrupt::requested() && !unpacking {
-        bar.set_message("saving a checkpoint");
-        checkpoint(&mut sink, &mut ledger, true)?;
-        let packed = Journal::read(&temp)?.map_or(0, |j| j.progress.packed);
-        return Err(Error::Interrupted { temp, packed });
+    if crate::interrupt::requested() {
+        // Never publish what an interrupted run wrote. An unpacked tree has no checkpoints:
+        // dropping the sink removes its temporary.
+        let kept = if unpacking {
+            None
+        } else {
+            bar.set_message("saving a checkpoint");
+            checkpoint(&mut sink, &mut ledger, true)?;
+            Journal::read(&temp)?.map(|j| j.progress.packed)
+        };
+        return Err(Error::Interrupted { temp, kept });
     }
     written?;
 

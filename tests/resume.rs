@@ -309,3 +309,36 @@ fn a_file_size_limit_is_named_with_its_fix_and_resume_finishes_the_run() {
         pack(&[&"verify", &out]).assert().code(0);
     }
 }
+
+#[test]
+fn ctrl_c_while_unpacking_publishes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = big_tree(dir.path(), 20);
+    let lmdb = dir.path().join("all.lmdb");
+    pack(&[&"imagefolder", &src, &"--to", &"lmdb", &"-o", &lmdb, &"-q"]).assert().code(0);
+    let out = dir.path().join("tree");
+    let child = command(&[
+        lmdb.into_os_string(),
+        "--to".into(),
+        "imagefolder".into(),
+        "-o".into(),
+        out.clone().into_os_string(),
+        "--threads".into(),
+        "1".into(),
+    ])
+    .spawn()
+    .unwrap();
+    // The temporary appears once the handler is installed and the run has started.
+    let temp = temp_of(&out);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !temp.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let stopped = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&stopped.stderr);
+    assert_eq!(stopped.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("nothing was kept or published"), "{stderr}");
+    assert!(!out.exists(), "an interrupted unpack published a partial tree");
+    assert!(!temp.exists(), "an unpack has no checkpoints to keep");
+}
