@@ -61,6 +61,16 @@ pub enum Command {
     #[command(name = "bench-read", verbatim_doc_comment)]
     BenchRead(BenchReadArgs),
 
+    /// Walk an ImageFolder tree once and write the plan of a run: `pack PLAN --to ...` packs it.
+    ///
+    /// The plan holds the classes and every sample in its final order (the same walk, class
+    /// indices, --shuffle and --seed as `pack SRC`) with its size and modification time, so
+    /// `pack PLAN` writes exactly what `pack SRC` writes, without walking the tree again.
+    ///
+    /// Example: pack plan ./train -o train.plan --shuffle --seed 7; pack train.plan --to lmdb -o train.lmdb
+    #[command(verbatim_doc_comment)]
+    Plan(PlanArgs),
+
     /// Check a dataset written by pack end to end and name every damaged sample.
     ///
     /// Reads every byte: checks the sample count against the metadata, every sample's CRC-32,
@@ -73,6 +83,65 @@ pub enum Command {
     /// Example: pack verify train.lmdb --decode
     #[command(verbatim_doc_comment)]
     Verify(VerifyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The root of the ImageFolder tree.
+    #[arg(value_name = "SRC")]
+    pub source: PathBuf,
+
+    /// Where to write the plan (a file).
+    #[arg(short = 'o', long = "output", value_name = "PLAN")]
+    pub out: PathBuf,
+
+    /// Replace PLAN if it exists.
+    #[arg(long)]
+    pub overwrite: bool,
+
+    #[command(flatten)]
+    pub listing: ListingArgs,
+
+    /// Threads for `stat`ing the files [default: all cores].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// What shapes the sample list of a tree: shared by packing and planning.
+#[derive(Debug, Args)]
+pub struct ListingArgs {
+    /// Permute the samples deterministically (see --seed).
+    #[arg(long)]
+    pub shuffle: bool,
+
+    /// Seed for --shuffle; the same seed gives the same order on every machine.
+    #[arg(long, value_name = "N", requires = "shuffle")]
+    pub seed: Option<u64>,
+
+    /// Accepted file extensions, comma-separated, case-insensitive
+    /// [default: jpg,jpeg,png,ppm,bmp,pgm,tif,tiff,webp].
+    ///
+    /// Example: --extensions jpg,jpeg
+    #[arg(long, value_name = "LIST")]
+    pub extensions: Option<String>,
+}
+
+impl ListingArgs {
+    /// The shuffle seed, if shuffling.
+    pub fn seed(&self) -> Option<u64> {
+        self.shuffle.then(|| self.seed.unwrap_or(0))
+    }
+
+    /// The accepted extensions, normalised.
+    pub fn extensions(&self) -> imgpack::Result<Vec<String>> {
+        match &self.extensions {
+            Some(list) => PackConfig::parse_extensions(list),
+            None => Ok(imgpack::config::DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect()),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -105,7 +174,7 @@ impl VerifyArgs {
 }
 
 /// The subcommand names; anything else in first position is a source path (`pack SRC ...`).
-pub const SUBCOMMANDS: [&str; 5] = ["imagefolder", "convert", "bench-read", "verify", "help"];
+pub const SUBCOMMANDS: [&str; 6] = ["imagefolder", "convert", "bench-read", "plan", "verify", "help"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PatternArg {
@@ -290,20 +359,8 @@ pub struct PackArgs {
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
 
-    /// Permute the samples deterministically (see --seed).
-    #[arg(long)]
-    pub shuffle: bool,
-
-    /// Seed for --shuffle; the same seed gives the same order on every machine.
-    #[arg(long, value_name = "N", requires = "shuffle")]
-    pub seed: Option<u64>,
-
-    /// Accepted file extensions, comma-separated, case-insensitive
-    /// [default: jpg,jpeg,png,ppm,bmp,pgm,tif,tiff,webp].
-    ///
-    /// Example: --extensions jpg,jpeg
-    #[arg(long, value_name = "LIST")]
-    pub extensions: Option<String>,
+    #[command(flatten)]
+    pub listing: ListingArgs,
 
     /// What to do with a file that cannot be read or is not an image.
     #[arg(long, value_enum, default_value = "skip", value_name = "WHAT")]
@@ -556,12 +613,8 @@ impl PackArgs {
         if let Some(threads) = self.threads {
             config.threads = threads;
         }
-        if self.shuffle {
-            config.shuffle = Some(self.seed.unwrap_or(0));
-        }
-        if let Some(list) = &self.extensions {
-            config.extensions = PackConfig::parse_extensions(list)?;
-        }
+        config.shuffle = self.listing.seed();
+        config.extensions = self.listing.extensions()?;
         config.on_error = match self.on_error {
             OnErrorArg::Skip => OnError::Skip,
             OnErrorArg::Fail => OnError::Fail,

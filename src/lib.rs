@@ -18,6 +18,7 @@ mod error;
 pub mod interrupt;
 pub mod output;
 pub mod pipeline;
+pub mod plan;
 pub mod report;
 pub mod resume;
 mod shuffle;

@@ -87,6 +87,7 @@ fn run(cli: Cli) -> imgpack::Result<u8> {
         Command::Convert(args) => (args, SourceKind::Detect),
         Command::BenchRead(args) => return bench_read(args),
         Command::Verify(args) => return verify(args),
+        Command::Plan(args) => return plan(args),
     };
     let config = args.to_config(kind)?;
     // Only packing stops at a checkpoint on Ctrl-C; the other commands just end.
@@ -153,6 +154,45 @@ fn bench_read(args: &cli::BenchReadArgs) -> imgpack::Result<u8> {
     };
     if let Some(path) = &args.plot {
         bench::plot::plot(path, &measurements)?;
+    }
+    Ok(0)
+}
+
+/// `pack plan`: walk the tree once, write the plan.
+fn plan(args: &cli::PlanArgs) -> imgpack::Result<u8> {
+    if args.out.exists() && !args.overwrite {
+        return Err(imgpack::Error::OutputExists { path: args.out.clone() });
+    }
+    let extensions = args.listing.extensions()?;
+    let seed = args.listing.seed();
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let plan = imgpack::plan::make(&args.source, &extensions, seed, threads)?;
+    plan.write(&args.out)?;
+    for warning in &plan.header.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let header = &plan.header;
+    let mut stdout = std::io::stdout().lock();
+    if args.output.json {
+        let summary = serde_json::json!({
+            "type": "plan",
+            "plan": args.out.to_string_lossy(),
+            "root": header.root,
+            "samples": header.samples,
+            "classes": header.classes.len(),
+            "bytes": header.bytes,
+        });
+        let _ = writeln!(stdout, "{summary}");
+    } else if !args.output.quiet {
+        let _ = writeln!(
+            stdout,
+            "planned {} samples in {} classes ({}) from {} into {}",
+            header.samples,
+            header.classes.len(),
+            imgpack::report::human_bytes(header.bytes),
+            header.root,
+            args.out.display()
+        );
     }
     Ok(0)
 }

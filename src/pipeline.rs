@@ -8,6 +8,7 @@
 //! and at most three chunks (one loading, one queued, one writing) are in memory at once,
 //! whatever the dataset size.
 
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -19,6 +20,7 @@ use rayon::prelude::*;
 
 use crate::config::{OnError, OutputFormat, PackConfig, SourceKind};
 use crate::output::Staged;
+use crate::plan::{Plan, PlanSource};
 use crate::report::Report;
 use crate::resume::{self, Journal, Ledger, Outcome, Stamp};
 use crate::sink::imagefolder::{safe_relative, ImageFolderSink};
@@ -43,9 +45,33 @@ const CHUNK_SAMPLES: usize = 1024;
 /// `config.resume` a run continues from the last checkpoint an interrupted run left. A stop
 /// asked for with [`crate::interrupt`] ends the run at a checkpoint with
 /// [`Error::Interrupted`].
+///
+/// `config.source` may also be a plan written by `pack plan` ([`crate::plan`]): the run then
+/// takes its samples, order and listing options from the plan and writes exactly what packing
+/// the planned tree directly writes.
 pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
-    let started = Instant::now();
-    config.validate()?;
+    if config.source.is_file() {
+        if !crate::plan::is_plan(&config.source) {
+            return Err(Error::BadSource {
+                path: config.source.clone(),
+                reason: "is a file, neither a plan written by `pack plan` nor an ImageFolder tree or packed dataset (directories)".into(),
+            });
+        }
+        let plan = Plan::read(&config.source)?;
+        if config.shuffle.is_some() {
+            return Err(Error::Usage(format!(
+                "--shuffle: the plan {} fixed the order of the samples; make the plan with --shuffle instead",
+                config.source.display()
+            )));
+        }
+        let (extensions, seed) = plan.extensions_and_seed();
+        let mut planned = config.clone();
+        planned.source = PathBuf::from(&plan.header.root_abs);
+        planned.extensions = extensions;
+        planned.shuffle = seed;
+        let root = plan.header.root.clone();
+        return run(&planned, Box::new(PlanSource::new(plan)), "imagefolder", &root, true, bar);
+    }
     let (source, source_kind): (Box<dyn Source>, &str) =
         if config.source_kind == SourceKind::Detect && is_packed(&config.source) {
             let packed = PackedDataset::open(&config.source)?;
@@ -54,6 +80,22 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
         } else {
             (Box::new(ImageFolder::new(&config.source, &config.extensions)), "imagefolder")
         };
+    run(config, source, source_kind, &config.source.to_string_lossy(), false, bar)
+}
+
+/// Packs the samples `source` lists. `root` is the source root the metadata records; `ordered`
+/// says the listing is already in its final order (a plan), so `config.shuffle` is only
+/// recorded, not applied again.
+fn run(
+    config: &PackConfig,
+    source: Box<dyn Source>,
+    source_kind: &str,
+    root: &str,
+    ordered: bool,
+    bar: &ProgressBar,
+) -> Result<Report> {
+    let started = Instant::now();
+    config.validate()?;
     bar.set_message("listing samples");
     let mut listing = source.list()?;
     if listing.samples.is_empty() {
@@ -67,7 +109,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
         };
         return Err(Error::BadSource { path: config.source.clone(), reason });
     }
-    if let Some(seed) = config.shuffle {
+    if let Some(seed) = config.shuffle.filter(|_| !ordered) {
         crate::shuffle::shuffle(&mut listing.samples, seed);
     }
     // Known for packed sources; an ImageFolder listing does not stat files, so 0 there.
@@ -91,7 +133,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     };
     let run = serde_json::json!({
         "tool": crate::TOOL,
-        "source": config.source.to_string_lossy(),
+        "source": root,
         "source_kind": source_kind,
         "options": config.recorded_options(),
     });
@@ -211,7 +253,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
         key_width: width,
         classes: listing.classes.clone(),
         fields,
-        source: SourceInfo { kind: source_kind.into(), root: config.source.to_string_lossy().into_owned() },
+        source: SourceInfo { kind: source_kind.into(), root: root.to_string() },
         options: config.recorded_options(),
         tool: crate::TOOL.into(),
         checksum: Some(imgpack_reader::checksum::ALGORITHM.into()),

@@ -4,7 +4,6 @@
 //! source is refused with what changed; a full disk (a file size limit here) is reported with
 //! its cause and fix and nothing is published.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
@@ -12,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{copy_tree, pack, testdata};
+use crate::util::{contents, copy_tree, pack, testdata};
 
 /// A tree of `copies` x the 31 testdata images, so a run lasts long enough to be interrupted.
 fn big_tree(dir: &Path, copies: usize) -> PathBuf {
@@ -53,36 +52,6 @@ fn command(args: &[std::ffi::OsString]) -> Command {
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("pack"));
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd
-}
-
-/// Every file of a WebDataset output by name, or every LMDB record by key: what "identical"
-/// means for each format.
-fn contents(out: &Path) -> BTreeMap<String, Vec<u8>> {
-    if out.join("data.mdb").exists() {
-        let env = unsafe {
-            heed::EnvOpenOptions::new()
-                .flags(heed::EnvFlags::READ_ONLY | heed::EnvFlags::NO_LOCK)
-                .open(out)
-                .unwrap()
-        };
-        let txn = env.read_txn().unwrap();
-        let db: heed::Database<heed::types::Bytes, heed::types::Bytes> =
-            env.open_database(&txn, None).unwrap().unwrap();
-        let all = db
-            .iter(&txn)
-            .unwrap()
-            .map(|r| r.map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.to_vec())).unwrap())
-            .collect();
-        drop(txn);
-        env.prepare_for_closing().wait();
-        all
-    } else {
-        fs::read_dir(out)
-            .unwrap()
-            .map(|e| e.unwrap())
-            .map(|e| (e.file_name().to_string_lossy().into_owned(), fs::read(e.path()).unwrap()))
-            .collect()
-    }
 }
 
 fn temp_of(out: &Path) -> PathBuf {

@@ -1,6 +1,7 @@
 //! Shared helpers: temporary ImageFolder trees built from `testdata/`, running `pack`, and
 //! reading the source the way torchvision does.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -113,4 +114,34 @@ pub fn dump(path: &Path) -> Dump {
         })
         .collect();
     (ds.meta().clone(), samples)
+}
+
+/// Every file of a WebDataset output by name, or every LMDB record by key: what "identical"
+/// means for each format.
+pub fn contents(out: &Path) -> BTreeMap<String, Vec<u8>> {
+    if out.join("data.mdb").exists() {
+        let env = unsafe {
+            heed::EnvOpenOptions::new()
+                .flags(heed::EnvFlags::READ_ONLY | heed::EnvFlags::NO_LOCK)
+                .open(out)
+                .unwrap()
+        };
+        let txn = env.read_txn().unwrap();
+        let db: heed::Database<heed::types::Bytes, heed::types::Bytes> =
+            env.open_database(&txn, None).unwrap().unwrap();
+        let all = db
+            .iter(&txn)
+            .unwrap()
+            .map(|r| r.map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.to_vec())).unwrap())
+            .collect();
+        drop(txn);
+        env.prepare_for_closing().wait();
+        all
+    } else {
+        fs::read_dir(out)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), fs::read(e.path()).unwrap()))
+            .collect()
+    }
 }

@@ -1,0 +1,290 @@
+//! Plan files: a source walked once and written down (`pack plan SRC -o PLAN`), to be packed
+//! later with `pack PLAN --to ...` — here, or split across the machines of a cluster job.
+//!
+//! Walking a tree of millions of files on a shared file system is the slow part that every
+//! machine of a job would otherwise repeat. A plan holds everything a run takes from the walk:
+//! the classes, and every sample in its final order (the same walk, class indices, shuffle and
+//! seed as `pack SRC` itself) with its size and modification time, so a run from the plan
+//! writes exactly what `pack SRC` writes. The format is in FORMAT.md ("Plan files"): zstd-
+//! compressed JSON Lines, a header line and then one line per sample.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::resume::Stamp;
+use crate::source::{Listing, Source, SourceSample};
+use crate::{Error, Result};
+
+/// The `format` value of a plan's header.
+pub const FORMAT_NAME: &str = "imgpack-plan";
+/// The plan format version this crate writes and reads.
+pub const PLAN_VERSION: u32 = 1;
+
+/// A plan's first line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    /// Always [`FORMAT_NAME`].
+    pub format: String,
+    /// [`PLAN_VERSION`].
+    pub version: u32,
+    /// The tool that wrote it, e.g. `imgpack 0.1.0`.
+    pub tool: String,
+    /// The source root as given to `pack plan` (what a dataset's metadata records).
+    pub root: String,
+    /// The source root as an absolute path (where the files are read from).
+    pub root_abs: String,
+    /// The options that shaped the sample list: `extensions`, `shuffle`, `seed`.
+    pub options: serde_json::Value,
+    /// Class names in class-index order.
+    pub classes: Vec<String>,
+    /// Classes without samples (they keep their index).
+    pub empty_classes: Vec<String>,
+    /// What the walk noticed (symlink loops, unreadable directories).
+    pub warnings: Vec<String>,
+    /// How many sample lines follow.
+    pub samples: u64,
+    /// Their total size in bytes.
+    pub bytes: u64,
+}
+
+/// One sample line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Planned {
+    /// The path relative to the root, `/`-separated (lossy if not UTF-8; see `path_hex`).
+    pub path: String,
+    /// The exact path bytes in hex, only when the path is not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_hex: Option<String>,
+    /// The class index.
+    pub class: u32,
+    /// Size in bytes when planned (0 if it could not be `stat`ed; packing then says why).
+    pub size: u64,
+    /// Modification time in nanoseconds since the epoch when planned (0 if not `stat`ed).
+    pub mtime_ns: i64,
+}
+
+/// A whole plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The header.
+    pub header: Header,
+    /// The samples in order.
+    pub samples: Vec<Planned>,
+}
+
+impl Plan {
+    /// A plan of `listing` (already in its final order) with the samples' `stamps`.
+    pub fn new(root: &Path, options: serde_json::Value, listing: &Listing, stamps: &[Stamp]) -> Result<Plan> {
+        let root_abs = root.canonicalize().map_err(Error::io(root))?;
+        let text = |p: &Path| {
+            p.to_str().map(str::to_string).ok_or_else(|| {
+                Error::Usage(format!("{}: a plan needs a source path that is valid UTF-8", p.display()))
+            })
+        };
+        let samples: Vec<Planned> = listing
+            .samples
+            .iter()
+            .zip(stamps)
+            .map(|(s, stamp)| {
+                let info = imgpack_reader::SampleInfo::new(&s.rel_path, "");
+                let (size, mtime_ns) =
+                    if stamp.size == u64::MAX { (0, 0) } else { (stamp.size, stamp.mtime_ns) };
+                Planned { path: info.path, path_hex: info.path_hex, class: s.class, size, mtime_ns }
+            })
+            .collect();
+        Ok(Plan {
+            header: Header {
+                format: FORMAT_NAME.into(),
+                version: PLAN_VERSION,
+                tool: crate::TOOL.into(),
+                root: text(root)?,
+                root_abs: text(&root_abs)?,
+                options,
+                classes: listing.classes.clone(),
+                empty_classes: listing.empty_classes.clone(),
+                warnings: listing.warnings.clone(),
+                samples: samples.len() as u64,
+                bytes: samples.iter().map(|s| s.size).sum(),
+            },
+            samples,
+        })
+    }
+
+    /// Writes the plan to `path` atomically (a temporary beside it, synced, then renamed).
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(path.file_name().unwrap_or_default());
+        temp_name.push(".imgpack-tmp");
+        let temp = path.with_file_name(temp_name);
+        let write = || -> std::io::Result<()> {
+            let mut out = zstd::stream::Encoder::new(BufWriter::new(File::create(&temp)?), 3)?;
+            serde_json::to_writer(&mut out, &self.header)?;
+            out.write_all(b"\n")?;
+            for sample in &self.samples {
+                serde_json::to_writer(&mut out, sample)?;
+                out.write_all(b"\n")?;
+            }
+            let file = out.finish()?.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()
+        };
+        if let Err(e) = write() {
+            let _ = std::fs::remove_file(&temp);
+            return Err(Error::io(path)(e));
+        }
+        std::fs::rename(&temp, path).map_err(Error::io(path))
+    }
+
+    /// Reads the plan at `path`.
+    pub fn read(path: &Path) -> Result<Plan> {
+        let bad = |reason: String| Error::BadSource {
+            path: path.to_path_buf(),
+            reason: format!("not a plan written by `pack plan`: {reason}"),
+        };
+        let file = File::open(path).map_err(Error::io(path))?;
+        let decoder = zstd::stream::Decoder::new(BufReader::new(file)).map_err(|e| bad(e.to_string()))?;
+        let mut lines = BufReader::new(decoder).lines();
+        let first = lines.next().ok_or_else(|| bad("it is empty".into()))?.map_err(|e| bad(e.to_string()))?;
+        let header: Header = serde_json::from_str(&first).map_err(|e| bad(format!("header: {e}")))?;
+        if header.format != FORMAT_NAME || header.version != PLAN_VERSION {
+            return Err(bad(format!(
+                "header says {:?} version {}; this pack reads {FORMAT_NAME} version {PLAN_VERSION}",
+                header.format, header.version
+            )));
+        }
+        let mut samples = Vec::with_capacity(header.samples.min(1 << 24) as usize);
+        for (n, line) in lines.enumerate() {
+            let line = line.map_err(|e| bad(format!("line {}: {e}", n + 2)))?;
+            let sample: Planned =
+                serde_json::from_str(&line).map_err(|e| bad(format!("line {}: {e}", n + 2)))?;
+            if sample.class as usize >= header.classes.len() {
+                return Err(bad(format!(
+                    "line {}: class {} of {}",
+                    n + 2,
+                    sample.class,
+                    header.classes.len()
+                )));
+            }
+            samples.push(sample);
+        }
+        if samples.len() as u64 != header.samples {
+            return Err(bad(format!(
+                "its header promises {} samples, {} follow",
+                header.samples,
+                samples.len()
+            )));
+        }
+        Ok(Plan { header, samples })
+    }
+
+    /// The extensions and shuffle seed the plan was made with.
+    pub fn extensions_and_seed(&self) -> (Vec<String>, Option<u64>) {
+        let options = &self.header.options;
+        let extensions = options["extensions"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|e| e.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+        let seed =
+            options["shuffle"].as_bool().unwrap_or(false).then(|| options["seed"].as_u64().unwrap_or(0));
+        (extensions, seed)
+    }
+}
+
+/// Walks the ImageFolder tree at `root` as `pack root` would — the same walk, order, class
+/// indices, and shuffle with `seed` — and `stat`s every file on `threads` threads.
+pub fn make(root: &Path, extensions: &[String], seed: Option<u64>, threads: usize) -> Result<Plan> {
+    use rayon::prelude::*;
+    if !root.is_dir() {
+        return Err(Error::BadSource {
+            path: root.to_path_buf(),
+            reason: "is not a directory; pass the root of an ImageFolder tree (root/<class>/<image>)".into(),
+        });
+    }
+    let source = crate::source::imagefolder::ImageFolder::new(root, extensions);
+    let mut listing = source.list()?;
+    if let Some(seed) = seed {
+        crate::shuffle::shuffle(&mut listing.samples, seed);
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+        .map_err(|e| Error::Usage(format!("cannot start {threads} worker threads: {e}")))?;
+    let stamps: Vec<Stamp> = pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
+    let options = serde_json::json!({"extensions": extensions, "shuffle": seed.is_some(), "seed": seed});
+    Plan::new(root, options, &listing, &stamps)
+}
+
+/// Whether the file at `path` is a plan (a zstd frame whose first line is a plan header).
+pub fn is_plan(path: &Path) -> bool {
+    let Ok(file) = File::open(path) else { return false };
+    let Ok(decoder) = zstd::stream::Decoder::new(BufReader::new(file)) else { return false };
+    let mut head = Vec::new();
+    let _ = decoder.take(256).read_to_end(&mut head);
+    let text = String::from_utf8_lossy(&head);
+    text.starts_with('{') && text.contains(&format!("\"format\":\"{FORMAT_NAME}\""))
+}
+
+/// A plan as a source: its listing is the plan, its files are read from the planned root.
+#[derive(Debug)]
+pub struct PlanSource {
+    plan: Plan,
+    root: PathBuf,
+}
+
+impl PlanSource {
+    /// A source reading the samples of `plan`.
+    pub fn new(plan: Plan) -> PlanSource {
+        let root = PathBuf::from(&plan.header.root_abs);
+        PlanSource { plan, root }
+    }
+}
+
+impl Source for PlanSource {
+    fn list(&self) -> Result<Listing> {
+        let samples = self
+            .plan
+            .samples
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let rel_path = planned_path(s).map_err(|reason| Error::BadSource {
+                    path: self.root.clone(),
+                    reason: format!("plan sample {i}: {reason}"),
+                })?;
+                let path =
+                    self.root.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&rel_path));
+                Ok(SourceSample { index: i as u64, path, rel_path, class: s.class, size: s.size })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Listing {
+            classes: self.plan.header.classes.clone(),
+            samples,
+            empty_classes: self.plan.header.empty_classes.clone(),
+            warnings: self.plan.header.warnings.clone(),
+        })
+    }
+
+    fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
+        std::fs::read(&sample.path)
+    }
+}
+
+/// The exact relative path bytes of a planned sample.
+fn planned_path(sample: &Planned) -> std::result::Result<Vec<u8>, String> {
+    let info = imgpack_reader::SampleInfo {
+        path: sample.path.clone(),
+        class: String::new(),
+        path_hex: sample.path_hex.clone(),
+    };
+    let bytes = info.path_bytes()?;
+    let safe = !bytes.is_empty()
+        && !bytes.starts_with(b"/")
+        && !bytes.split(|&b| b == b'/').any(|part| part == b"..");
+    if safe {
+        Ok(bytes)
+    } else {
+        Err(format!("path {:?} leaves the source root", sample.path))
+    }
+}
