@@ -35,9 +35,9 @@ impl Staged {
         if target.symlink_metadata().is_ok() && !overwrite {
             return Err(Error::OutputExists { path: target.to_path_buf() });
         }
-        let name = target.file_name().ok_or_else(|| {
-            Error::Usage(format!("-o {}: name a file or directory to create", target.display()))
-        })?;
+        if target.file_name().is_none() {
+            return Err(Error::Usage(format!("-o {}: name a file or directory to create", target.display())));
+        }
         let parent = parent_of(target);
         if !parent.is_dir() {
             return Err(Error::Usage(format!(
@@ -46,7 +46,6 @@ impl Staged {
                 parent.display()
             )));
         }
-        let _ = name;
         let temp = temp_path(target);
         let journal = if temp.is_dir() { Journal::read(&temp)? } else { None };
         let staged = Staged { target: target.to_path_buf(), temp, overwrite };

@@ -115,10 +115,7 @@ impl Plan {
 
     /// Writes the plan to `path` atomically (a temporary beside it, synced, then renamed).
     pub fn write(&self, path: &Path) -> Result<()> {
-        let mut temp_name = std::ffi::OsString::from(".");
-        temp_name.push(path.file_name().unwrap_or_default());
-        temp_name.push(".imgpack-tmp");
-        let temp = path.with_file_name(temp_name);
+        let temp = crate::output::temp_path(path);
         let write = || -> std::io::Result<()> {
             let mut out = zstd::stream::Encoder::new(BufWriter::new(File::create(&temp)?), 3)?;
             serde_json::to_writer(&mut out, &self.header)?;
@@ -279,12 +276,7 @@ fn planned_path(sample: &Planned) -> std::result::Result<Vec<u8>, String> {
         path_hex: sample.path_hex.clone(),
     };
     let bytes = info.path_bytes()?;
-    let safe = !bytes.is_empty()
-        && !bytes.starts_with(b"/")
-        && !bytes.split(|&b| b == b'/').any(|part| part == b"..");
-    if safe {
-        Ok(bytes)
-    } else {
-        Err(format!("path {:?} leaves the source root", sample.path))
-    }
+    // The same test that keeps an unpacked tree inside its output keeps reads inside the root.
+    crate::sink::imagefolder::safe_relative(&bytes)?;
+    Ok(bytes)
 }

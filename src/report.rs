@@ -28,9 +28,7 @@ impl Skipped {
     /// A skipped file and why.
     pub fn new(path: PathBuf, reason: String) -> Skipped {
         use std::os::unix::ffi::OsStrExt;
-        let bytes = path.as_os_str().as_bytes();
-        let path_hex =
-            std::str::from_utf8(bytes).is_err().then(|| bytes.iter().map(|b| format!("{b:02x}")).collect());
+        let path_hex = imgpack_reader::SampleInfo::new(path.as_os_str().as_bytes(), "").path_hex;
         Skipped { path, reason, path_hex }
     }
 }

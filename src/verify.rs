@@ -22,7 +22,7 @@ use imgpack_reader::webdataset::{
     WidsIndex, BLOCK, END_OF_ARCHIVE, INDEX_ENTRY_LEN, INDEX_HEADER_LEN, META_FILE, SAMPLE_INDEX_FILE,
     WIDS_INDEX_FILE,
 };
-use imgpack_reader::{ImageFormat, Kind, Meta, SampleInfo, ShardInfo, FORMAT_VERSION};
+use imgpack_reader::{ImageFormat, Kind, Meta, SampleInfo, ShardInfo};
 use md5::{Digest, Md5};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -175,14 +175,9 @@ fn read_meta(raw: &[u8], place: &str, expected_format: &str, verified: &mut Veri
     };
     verified.format = meta.format.clone();
     verified.expected = meta.samples;
-    if meta.format != expected_format || meta.version == 0 || meta.version > FORMAT_VERSION {
-        verified.problem(
-            place,
-            format!(
-                "says format {:?} version {}; expected {expected_format} up to version {FORMAT_VERSION}",
-                meta.format, meta.version
-            ),
-        );
+    // The readers' own test of what they can read, so verify and readers never disagree.
+    if let Some(reason) = meta.unreadable(expected_format) {
+        verified.problem(place, reason);
         return None;
     }
     if meta.checksum.is_none() {
@@ -744,7 +739,7 @@ fn check_shard(
     if buf.len() as u64 != shard.bytes {
         out.problem(name, format!("is {} bytes, {META_FILE} says {}", buf.len(), shard.bytes));
     }
-    let md5: String = Md5::digest(buf).iter().map(|b| format!("{b:02x}")).collect();
+    let md5 = crate::sink::webdataset::hex(&Md5::digest(buf));
     if md5 != shard.md5 {
         out.problem(name, format!("MD5 is {md5}, {META_FILE} records {}", shard.md5));
     }

@@ -49,7 +49,7 @@ impl Meta {
     /// format, a version this crate does not know (0 was never written; a newer one needs a
     /// newer reader), or a checksum algorithm it does not know (checking those sums as CRC-32
     /// would call every sample damaged).
-    pub(crate) fn unreadable(&self, format: &str) -> Option<String> {
+    pub fn unreadable(&self, format: &str) -> Option<String> {
         if self.format != format || !(1..=FORMAT_VERSION).contains(&self.version) {
             return Some(format!(
                 "metadata says format {:?} version {}; this reader reads {format} versions 1 to {FORMAT_VERSION} (upgrade imgpack-reader for newer ones)",

@@ -395,7 +395,8 @@ fn ustar_header(name: &str, size: u64) -> std::result::Result<[u8; 512], String>
     Ok(*header.as_bytes())
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Bytes as lower-case hex (MD5s in the metadata).
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
