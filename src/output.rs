@@ -108,7 +108,7 @@ impl Drop for Staged {
 pub fn temp_path(target: &Path) -> PathBuf {
     let mut name = std::ffi::OsString::from(".");
     name.push(target.file_name().unwrap_or_default());
-    name.push(".imgpack-tmp");
+    name.push(imgpack_reader::UNFINISHED_SUFFIX);
     parent_of(target).join(name)
 }
 

@@ -136,6 +136,12 @@ pub fn verify(path: &Path, options: &VerifyOptions, progress: &(dyn Fn(u64) + Sy
         .thread_name(|i| format!("imgpack-verify-{i}"))
         .build()
         .map_err(|e| Error::Usage(format!("cannot start {} worker threads: {e}", options.threads)))?;
+    if imgpack_reader::is_unfinished(path) {
+        return Err(Error::BadSource {
+            path: path.to_path_buf(),
+            reason: "is the temporary directory of a `pack` run that has not finished; verify its output once it is renamed into place".into(),
+        });
+    }
     let mut verified = Verified::new(path, options.decode);
     match imgpack_reader::detect(path) {
         Some(Kind::Lmdb) => pool.install(|| lmdb(path, options, &mut verified, progress))?,

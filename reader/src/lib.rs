@@ -41,7 +41,7 @@ mod meta;
 mod sample;
 pub mod webdataset;
 
-pub use dataset::{detect, open, Dataset, Kind};
+pub use dataset::{detect, is_unfinished, open, Dataset, Kind, UNFINISHED_SUFFIX};
 pub use error::{Error, Result};
 pub use format::ImageFormat;
 pub use lmdb::Prefetch;

@@ -83,6 +83,9 @@ impl LmdbDataset {
     /// never a panic or an allocation sized by it. LMDB's own pages are liblmdb's to check.
     pub fn open_with(path: impl AsRef<Path>, prefetch: Prefetch) -> Result<LmdbDataset> {
         let path: Arc<Path> = Arc::from(path.as_ref());
+        if crate::is_unfinished(&path) {
+            return Err(crate::dataset::unfinished(&path));
+        }
         if !path.join("data.mdb").is_file() {
             return Err(Error::NotADataset {
                 path: path.to_path_buf(),
@@ -453,6 +456,20 @@ mod tests {
             drop(snap);
             drop(ds);
         }
+    }
+
+    #[test]
+    fn an_unfinished_runs_directory_never_opens_whatever_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let temp = dir.path().join(".train.lmdb.imgpack-tmp");
+        write_example(&temp).unwrap();
+        let err = LmdbDataset::open(&temp).unwrap_err().to_string();
+        assert!(err.contains("has not finished") && err.contains("--resume"), "{err}");
+        assert!(crate::open(&temp).is_err());
+        // The same complete database under its final name opens.
+        let done = dir.path().join("train.lmdb");
+        std::fs::rename(&temp, &done).unwrap();
+        assert_eq!(LmdbDataset::open(&done).unwrap().len(), 2);
     }
 
     #[test]
