@@ -81,6 +81,7 @@ fn main() {
         tool: imgpack::TOOL.into(),
         checksum: None,
         shards: Vec::new(),
+        part: None,
     };
     wds.finish(&meta(imgpack_reader::webdataset::FORMAT_NAME)).unwrap();
     lmdb.finish(&meta(imgpack_reader::lmdb::FORMAT_NAME)).unwrap();

@@ -83,6 +83,52 @@ pub enum Command {
     /// Example: pack verify train.lmdb --decode
     #[command(verbatim_doc_comment)]
     Verify(VerifyArgs),
+
+    /// Merge the parts packed with `pack PLAN --part K/N -o OUT` into one dataset in OUT.
+    ///
+    /// Checks that all N parts are there, finished and from the same plan and options (and
+    /// names any that is not), then writes the dataset-level files: the result reads exactly
+    /// like the output of one `pack` run, with keys 0 to n-1 in plan order. WebDataset shards
+    /// stay in the part directories; LMDB parts are copied into one database in OUT and then
+    /// deleted (see --keep-parts). Running it again after it finished does nothing.
+    ///
+    /// Exit codes: 0 merged; 1 error (nothing published); 2 bad usage; 3 merged, but the
+    /// parts skipped some files (listed).
+    ///
+    /// Example: pack merge shards/
+    #[command(verbatim_doc_comment)]
+    Merge(MergeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// The output directory the parts were packed into (the -o of `pack PLAN --part`).
+    #[arg(value_name = "OUT")]
+    pub path: PathBuf,
+
+    /// LMDB: keep the part databases after merging (by default they are deleted once the
+    /// merged database is published, since it holds the same data).
+    #[arg(long)]
+    pub keep_parts: bool,
+
+    /// Threads for rewriting shards when keys move [default: all cores].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+impl MergeArgs {
+    /// The library options.
+    pub fn to_options(&self) -> imgpack::Result<imgpack::merge::MergeOptions> {
+        let threads = match self.threads {
+            Some(0) => return Err(imgpack::Error::Usage("--threads takes a count of 1 or more".into())),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        Ok(imgpack::merge::MergeOptions { keep_parts: self.keep_parts, threads })
+    }
 }
 
 #[derive(Debug, Args)]
@@ -174,7 +220,7 @@ impl VerifyArgs {
 }
 
 /// The subcommand names; anything else in first position is a source path (`pack SRC ...`).
-pub const SUBCOMMANDS: [&str; 6] = ["imagefolder", "convert", "bench-read", "plan", "verify", "help"];
+pub const SUBCOMMANDS: [&str; 7] = ["imagefolder", "convert", "bench-read", "plan", "verify", "merge", "help"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PatternArg {
@@ -358,6 +404,19 @@ pub struct PackArgs {
     /// Worker threads for reading and checking images [default: all cores].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+
+    /// Pack only part K of N of a plan (K from 0 to N-1), into OUT/part-KKKK-of-NNNN; `pack
+    /// merge OUT` joins the parts when all are done.
+    ///
+    /// SRC must be a plan (`pack plan`). Parts are contiguous ranges of the plan with about
+    /// equal bytes. `auto` takes K and N from a Slurm job array (SLURM_ARRAY_TASK_ID minus
+    /// SLURM_ARRAY_TASK_MIN, SLURM_ARRAY_TASK_COUNT); `auto/N` takes K from a Slurm array or a
+    /// Kubernetes Indexed Job (JOB_COMPLETION_INDEX). Running a finished part again does
+    /// nothing; running an interrupted one continues it (no --resume needed).
+    ///
+    /// Example: pack train.plan --part $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT --to webdataset -o shards/
+    #[arg(long, value_name = "K/N")]
+    pub part: Option<String>,
 
     #[command(flatten)]
     pub listing: ListingArgs,
@@ -621,6 +680,10 @@ impl PackArgs {
         };
         config.overwrite = self.overwrite;
         config.resume = self.resume;
+        if let Some(part) = &self.part {
+            let env = |name: &str| std::env::var(name).ok();
+            config.part = Some(imgpack::parts::Part::parse(part, env).map_err(imgpack::Error::Usage)?);
+        }
         if let Some(size) = self.checkpoint_bytes {
             config.checkpoint_bytes = size.0.max(1);
         }

@@ -89,6 +89,8 @@ pub struct PackConfig {
     pub checkpoint_bytes: u64,
     /// What happens to each image (`--mode` and its settings).
     pub transcoder: Transcoder,
+    /// Pack only this part of a plan ([`crate::parts`]) into `output/part-KKKK-of-NNNN`.
+    pub part: Option<crate::parts::Part>,
 }
 
 impl PackConfig {
@@ -107,6 +109,7 @@ impl PackConfig {
             resume: false,
             checkpoint_bytes: crate::sink::lmdb::CHECKPOINT_BYTES,
             transcoder: Transcoder::default(),
+            part: None,
         }
     }
 

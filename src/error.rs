@@ -70,6 +70,14 @@ pub enum Error {
         /// What does not match, and what changed.
         reason: String,
     },
+    /// `pack merge` cannot merge the parts in an output.
+    #[error("cannot merge {}: {reason}", path.display())]
+    Merge {
+        /// The output directory, or the part file at fault.
+        path: PathBuf,
+        /// What is missing, unfinished or foreign, and what to do.
+        reason: String,
+    },
     /// Reading a dataset back failed.
     #[error(transparent)]
     Reader(#[from] imgpack_reader::Error),

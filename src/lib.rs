@@ -10,13 +10,16 @@
 //! [`sink`] writes them in order, and [`pipeline`] runs the stages in parallel with bounded
 //! memory and produces a [`report::Report`]. [`config`] turns command-line options into a
 //! validated plan before any work starts, and [`output`] publishes results atomically.
+//! [`plan`], [`parts`] and [`merge`] split one run across the machines of a cluster job.
 //! [`bench`](mod@bench) is `pack bench-read`: random-read latency of trees and packed datasets.
 
 pub mod bench;
 pub mod config;
 mod error;
 pub mod interrupt;
+pub mod merge;
 pub mod output;
+pub mod parts;
 pub mod pipeline;
 pub mod plan;
 pub mod report;

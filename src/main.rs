@@ -88,6 +88,7 @@ fn run(cli: Cli) -> imgpack::Result<u8> {
         Command::BenchRead(args) => return bench_read(args),
         Command::Verify(args) => return verify(args),
         Command::Plan(args) => return plan(args),
+        Command::Merge(args) => return merge(args),
     };
     let config = args.to_config(kind)?;
     // Only packing stops at a checkpoint on Ctrl-C; the other commands just end.
@@ -212,6 +213,20 @@ fn verify(args: &cli::VerifyArgs) -> imgpack::Result<u8> {
         let _ = write!(stdout, "{verified}");
     }
     Ok(if verified.is_ok() { 0 } else { EXIT_ERROR })
+}
+
+/// `pack merge OUT`: merge the parts in OUT and report.
+fn merge(args: &cli::MergeArgs) -> imgpack::Result<u8> {
+    let options = args.to_options()?;
+    let merged = imgpack::merge::merge(&args.path, &options)?;
+    let mut stdout = std::io::stdout().lock();
+    if args.output.json {
+        let json = serde_json::to_string(&merged).expect("report serialises");
+        let _ = writeln!(stdout, "{json}");
+    } else if !args.output.quiet {
+        let _ = write!(stdout, "{merged}");
+    }
+    Ok(merged.exit_code() as u8)
 }
 
 /// `pack verify`'s progress bar: bytes read of the dataset's size.

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use imgpack_reader::format::{CLS_FIELD, JSON_FIELD};
 use imgpack_reader::key::{format_key, key_width};
+use imgpack_reader::part::{PartInfo, SkippedSample};
 use imgpack_reader::{ImageFormat, Meta, SampleInfo, SourceInfo, FORMAT_VERSION};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
@@ -70,9 +71,51 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
         planned.extensions = extensions;
         planned.shuffle = seed;
         let root = plan.header.root.clone();
-        return run(&planned, Box::new(PlanSource::new(plan)), "imagefolder", &root, true, bar);
+        let part = match config.part {
+            None => None,
+            Some(part) => {
+                if config.format == OutputFormat::ImageFolder {
+                    return Err(Error::Usage(
+                        "--part packs lmdb or webdataset parts for `pack merge`; unpack a merged dataset instead".into(),
+                    ));
+                }
+                let sizes: Vec<u64> = plan.samples.iter().map(|s| s.size).collect();
+                let range = part.range(&sizes);
+                let info = crate::parts::info(part, &plan, crate::parts::plan_digest(&config.source)?, &range);
+                std::fs::create_dir_all(&config.output).map_err(Error::io(&config.output))?;
+                planned.output = crate::parts::part_path(&config.output, part);
+                if !config.overwrite {
+                    let options = planned.recorded_options();
+                    if let Some(meta) = crate::parts::already_packed(&planned.output, &info, &options)? {
+                        return Ok(Report::already_packed(&planned.output, &meta));
+                    }
+                }
+                // A job scheduler re-runs a failed task with the same command: it continues.
+                planned.resume = true;
+                Some((info, range))
+            }
+        };
+        let (range, part) = match part {
+            Some((info, range)) => (Some(range), Some(info)),
+            None => (None, None),
+        };
+        let input = Input {
+            source: Box::new(PlanSource::new(plan, range)),
+            kind: "imagefolder",
+            root,
+            ordered: true,
+            part,
+        };
+        return run(&planned, input, bar);
     }
-    let (source, source_kind): (Box<dyn Source>, &str) =
+    if config.part.is_some() {
+        return Err(Error::Usage(format!(
+            "--part packs a part of a plan, and {} is not one: make the plan once with `pack plan {} -o PLAN`, then run `pack PLAN --part K/N ...` on each machine",
+            config.source.display(),
+            config.source.display()
+        )));
+    }
+    let (source, kind): (Box<dyn Source>, &str) =
         if config.source_kind == SourceKind::Detect && is_packed(&config.source) {
             let packed = PackedDataset::open(&config.source)?;
             let kind = packed.kind();
@@ -80,25 +123,34 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
         } else {
             (Box::new(ImageFolder::new(&config.source, &config.extensions)), "imagefolder")
         };
-    run(config, source, source_kind, &config.source.to_string_lossy(), false, bar)
+    let root = config.source.to_string_lossy().into_owned();
+    run(config, Input { source, kind, root, ordered: false, part: None }, bar)
 }
 
-/// Packs the samples `source` lists. `root` is the source root the metadata records; `ordered`
-/// says the listing is already in its final order (a plan), so `config.shuffle` is only
-/// recorded, not applied again.
-fn run(
-    config: &PackConfig,
+/// What a run packs and how its samples are keyed.
+struct Input {
     source: Box<dyn Source>,
-    source_kind: &str,
-    root: &str,
+    /// The kind of source the metadata records.
+    kind: &'static str,
+    /// The source root the metadata records.
+    root: String,
+    /// The listing is already in its final order (a plan), so `config.shuffle` is only
+    /// recorded, not applied again.
     ordered: bool,
-    bar: &ProgressBar,
-) -> Result<Report> {
+    /// When packing one part of a plan: which. Its keys then start at the plan index of its
+    /// first sample and are as wide as the whole plan's.
+    part: Option<PartInfo>,
+}
+
+/// Packs the samples `input` lists.
+fn run(config: &PackConfig, input: Input, bar: &ProgressBar) -> Result<Report> {
+    let Input { source, kind: source_kind, root, ordered, part } = input;
     let started = Instant::now();
     config.validate()?;
     bar.set_message("listing samples");
     let mut listing = source.list()?;
-    if listing.samples.is_empty() {
+    // A part may be empty (more parts than samples); it still says so to `pack merge`.
+    if listing.samples.is_empty() && part.is_none() {
         let reason = if source_kind == "imagefolder" {
             format!(
                 "no files with extensions {} found in its class folders; pass --extensions to accept others",
@@ -115,7 +167,8 @@ fn run(
     // Known for packed sources; an ImageFolder listing does not stat files, so 0 there.
     let total_bytes: u64 = listing.samples.iter().map(|s| s.size).sum();
     let found = listing.samples.len() as u64;
-    let width = key_width(found);
+    let first_key = part.as_ref().map_or(0, |p| p.first);
+    let width = key_width(part.as_ref().map_or(found, |p| p.plan_samples));
     bar.set_length(found);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(config.threads)
@@ -131,12 +184,15 @@ fn run(
         warnings: listing.warnings.clone(),
         ..Report::default()
     };
-    let run = serde_json::json!({
+    let mut run = serde_json::json!({
         "tool": crate::TOOL,
         "source": root,
         "source_kind": source_kind,
         "options": config.recorded_options(),
     });
+    if let Some(part) = &part {
+        run["part"] = serde_json::json!({"index": part.index, "count": part.count, "plan": part.plan});
+    }
     let (mut sink, mut ledger): (Box<dyn Sink>, Ledger) = match &config.format {
         OutputFormat::ImageFolder => (
             Box::new(ImageFolderSink::create(&config.output, config.overwrite, &listing.classes)?),
@@ -150,7 +206,8 @@ fn run(
             // LMDB map size.
             let stamped: u64 = stamps.iter().map(|s| s.size).filter(|&n| n != u64::MAX).sum();
             let hint = total_bytes.max(stamped);
-            let opened = open_resumable(config, &listing, &stamps, &run, hint, &mut report)?;
+            let keys = (first_key, width);
+            let opened = open_resumable(config, &listing, &stamps, &run, keys, hint, &mut report)?;
             bar.set_position(opened.1.total().position);
             opened
         }
@@ -197,7 +254,7 @@ fn run(
                 bar.inc(1);
                 match result {
                     Ok((image, crc)) => {
-                        let key = format_key(ledger.packed(), width);
+                        let key = format_key(first_key + ledger.packed(), width);
                         ledger.record(Outcome::Packed {
                             position,
                             bytes_in: image.source_bytes,
@@ -253,11 +310,12 @@ fn run(
         key_width: width,
         classes: listing.classes.clone(),
         fields,
-        source: SourceInfo { kind: source_kind.into(), root: root.to_string() },
+        source: SourceInfo { kind: source_kind.into(), root: root.clone() },
         options: config.recorded_options(),
         tool: crate::TOOL.into(),
         checksum: Some(imgpack_reader::checksum::ALGORITHM.into()),
         shards: Vec::new(),
+        part: part.map(|p| PartInfo { skipped: part_skipped(&p, &total, &listing.samples), ..p }),
     };
     bar.set_message("syncing to disk");
     let finished = sink.finish(&meta)?;
@@ -283,11 +341,13 @@ fn open_resumable(
     listing: &Listing,
     stamps: &[Stamp],
     run: &serde_json::Value,
+    (first_key, key_width): (u64, usize),
     total_bytes: u64,
     report: &mut Report,
 ) -> Result<(Box<dyn Sink>, Ledger)> {
     let (staged, journal, discarded) = Staged::open_dir(&config.output, config.overwrite, config.resume)?;
-    if config.resume && journal.is_none() {
+    // A part resumes by itself, whether or not there is anything to resume.
+    if config.resume && journal.is_none() && config.part.is_none() {
         report.warnings.push(format!(
             "--resume: no checkpoint of an interrupted run was found in {}; packed from the start",
             staged.path().display()
@@ -325,13 +385,31 @@ fn open_resumable(
         OutputFormat::WebDataset { prefix, limits } => {
             Box::new(WebDatasetSink::resume(staged, prefix, *limits, &durable)?)
         }
-        _ => {
-            let width = key_width(listing.samples.len() as u64);
-            Box::new(LmdbSink::resume(staged, &durable, width, total_bytes, config.checkpoint_bytes)?)
-        }
+        _ => Box::new(LmdbSink::resume(
+            staged,
+            &durable,
+            (first_key, key_width),
+            total_bytes,
+            config.checkpoint_bytes,
+        )?),
     };
     report.resumed = journal.progress.packed;
     Ok((sink, Ledger::resume(journal.progress)))
+}
+
+/// The planned samples a part skipped, by plan index.
+fn part_skipped(part: &PartInfo, total: &resume::Progress, samples: &[SourceSample]) -> Vec<SkippedSample> {
+    total
+        .skipped
+        .iter()
+        .map(|(position, reason)| SkippedSample {
+            index: part.first + position,
+            path: samples.get(*position as usize).map_or_else(String::new, |s| {
+                SampleInfo::new(&s.rel_path, "").path
+            }),
+            reason: reason.clone(),
+        })
+        .collect()
 }
 
 /// Reads and checks one sample, and computes the CRC-32 of its stored bytes here, on the worker

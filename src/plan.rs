@@ -223,29 +223,30 @@ pub fn is_plan(path: &Path) -> bool {
     text.starts_with('{') && text.contains(&format!("\"format\":\"{FORMAT_NAME}\""))
 }
 
-/// A plan as a source: its listing is the plan, its files are read from the planned root.
+/// A plan as a source: its listing is the plan (or one range of it, for a part), its files are
+/// read from the planned root.
 #[derive(Debug)]
 pub struct PlanSource {
     plan: Plan,
     root: PathBuf,
+    range: std::ops::Range<usize>,
 }
 
 impl PlanSource {
-    /// A source reading the samples of `plan`.
-    pub fn new(plan: Plan) -> PlanSource {
+    /// A source reading the samples of `plan`, or only those in `range`.
+    pub fn new(plan: Plan, range: Option<std::ops::Range<usize>>) -> PlanSource {
         let root = PathBuf::from(&plan.header.root_abs);
-        PlanSource { plan, root }
+        let range = range.unwrap_or(0..plan.samples.len());
+        PlanSource { plan, root, range }
     }
 }
 
 impl Source for PlanSource {
     fn list(&self) -> Result<Listing> {
-        let samples = self
-            .plan
-            .samples
+        let samples = self.plan.samples[self.range.clone()]
             .iter()
-            .enumerate()
-            .map(|(i, s)| {
+            .zip(self.range.clone())
+            .map(|(s, i)| {
                 let rel_path = planned_path(s).map_err(|reason| Error::BadSource {
                     path: self.root.clone(),
                     reason: format!("plan sample {i}: {reason}"),

@@ -35,7 +35,7 @@ impl Skipped {
 
 /// A path as JSON text: serde refuses a path that is not UTF-8, and a summary must never fail
 /// to print for want of a file name's encoding.
-fn lossy_path<S: serde::Serializer>(path: &std::path::Path, serializer: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn lossy_path<S: serde::Serializer>(path: &std::path::Path, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&path.to_string_lossy())
 }
 
@@ -79,6 +79,29 @@ pub struct Report {
 }
 
 impl Report {
+    /// The summary of a part run that found its part already packed (by an earlier run of the
+    /// same command) and did nothing.
+    pub fn already_packed(output: &std::path::Path, meta: &imgpack_reader::Meta) -> Report {
+        let part = meta.part.as_ref();
+        let skipped = part.map_or_else(Vec::new, |p| {
+            p.skipped.iter().map(|s| Skipped::new(s.path.clone().into(), s.reason.clone())).collect()
+        });
+        Report {
+            kind: "summary",
+            output: output.to_path_buf(),
+            found: part.map_or(meta.samples, |p| p.planned),
+            packed: meta.samples,
+            skipped,
+            classes: meta.classes.len(),
+            bytes_out: crate::output::disk_usage(output),
+            warnings: vec![format!(
+                "{} was already packed by an earlier run of this command; nothing was done",
+                output.display()
+            )],
+            ..Report::default()
+        }
+    }
+
     /// Every warning as a line for the user: empty classes first, then the listing's.
     pub fn warning_lines(&self) -> Vec<String> {
         let empty = self.empty_classes.iter().map(|c| {

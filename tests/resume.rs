@@ -11,27 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{contents, copy_tree, pack, testdata};
-
-/// A tree of `copies` x the 31 testdata images, so a run lasts long enough to be interrupted.
-fn big_tree(dir: &Path, copies: usize) -> PathBuf {
-    let root = dir.join("src");
-    let base = dir.join("base");
-    copy_tree(&testdata().join("imagefolder"), &base);
-    for class in fs::read_dir(&base).unwrap() {
-        let class = class.unwrap().path();
-        let dest = root.join(class.file_name().unwrap());
-        fs::create_dir_all(&dest).unwrap();
-        for file in fs::read_dir(&class).unwrap() {
-            let file = file.unwrap().path();
-            for i in 0..copies {
-                fs::copy(&file, dest.join(format!("{i:02}_{}", file.file_name().unwrap().to_string_lossy())))
-                    .unwrap();
-            }
-        }
-    }
-    root
-}
+use crate::util::{big_tree, contents, pack};
 
 /// The arguments of one run: re-encoding makes it slow enough to kill halfway.
 fn args(src: &Path, out: &Path, to: &str) -> Vec<std::ffi::OsString> {

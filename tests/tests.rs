@@ -9,6 +9,7 @@ mod convert;
 mod determinism;
 mod hostile;
 mod lmdb_roundtrip;
+mod parts;
 mod plan;
 mod resume;
 mod transcode;

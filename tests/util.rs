@@ -145,3 +145,23 @@ pub fn contents(out: &Path) -> BTreeMap<String, Vec<u8>> {
             .collect()
     }
 }
+
+/// A tree of `copies` x the 31 testdata images, so a run lasts long enough to be interrupted.
+pub fn big_tree(dir: &Path, copies: usize) -> PathBuf {
+    let root = dir.join("src");
+    let base = dir.join("base");
+    copy_tree(&testdata().join("imagefolder"), &base);
+    for class in fs::read_dir(&base).unwrap() {
+        let class = class.unwrap().path();
+        let dest = root.join(class.file_name().unwrap());
+        fs::create_dir_all(&dest).unwrap();
+        for file in fs::read_dir(&class).unwrap() {
+            let file = file.unwrap().path();
+            for i in 0..copies {
+                fs::copy(&file, dest.join(format!("{i:02}_{}", file.file_name().unwrap().to_string_lossy())))
+                    .unwrap();
+            }
+        }
+    }
+    root
+}

@@ -38,6 +38,7 @@ mod hostile;
 pub mod key;
 pub mod lmdb;
 mod meta;
+pub mod part;
 mod sample;
 pub mod webdataset;
 

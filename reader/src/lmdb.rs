@@ -400,6 +400,7 @@ pub fn write_example(path: &Path) -> std::result::Result<(), Box<dyn std::error:
         tool: "example".into(),
         checksum: None,
         shards: Vec::new(),
+        part: None,
     };
     db.put(&mut txn, META_KEY.as_bytes(), &serde_json::to_vec(&meta)?)?;
     txn.commit()?;

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::key::{MAX_KEY_WIDTH, MIN_KEY_WIDTH};
+use crate::part::PartInfo;
 
 /// The format version this crate writes; it reads this one and every earlier one. A change that
 /// old readers cannot read bumps it. Version 2 added checksums ([`crate::checksum`]).
@@ -42,14 +43,31 @@ pub struct Meta {
     /// WebDataset outputs only: the shards in order, with the samples each holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<ShardInfo>,
+    /// Only in one part of a dataset packed in parts (`pack PLAN --part K/N`): which part, of
+    /// which plan. Such a part is not a dataset by itself ([`crate::part`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<PartInfo>,
 }
 
 impl Meta {
     /// Why a reader of `format` cannot read a dataset with this metadata, if it cannot: another
     /// format, a version this crate does not know (0 was never written; a newer one needs a
     /// newer reader), or a checksum algorithm it does not know (checking those sums as CRC-32
-    /// would call every sample damaged).
+    /// would call every sample damaged) — or it is one part of a dataset packed in parts,
+    /// which only `pack merge` reads.
     pub fn unreadable(&self, format: &str) -> Option<String> {
+        if let Some(part) = &self.part {
+            return Some(format!(
+                "this is part {} of {} of a dataset packed with `pack PLAN --part`, not a dataset by itself; run `pack merge` on the directory above it when all {} parts are done, and open that directory",
+                part.index, part.count, part.count
+            ));
+        }
+        self.unreadable_part(format)
+    }
+
+    /// Like [`Meta::unreadable`], but accepts one part of a dataset packed in parts (what
+    /// `pack merge` reads).
+    pub fn unreadable_part(&self, format: &str) -> Option<String> {
         if self.format != format || !(1..=FORMAT_VERSION).contains(&self.version) {
             return Some(format!(
                 "metadata says format {:?} version {}; this reader reads {format} versions 1 to {FORMAT_VERSION} (upgrade imgpack-reader for newer ones)",

@@ -557,15 +557,20 @@ impl WebDataset {
     }
 }
 
-/// Whether `name`, as listed in the metadata's shard list, names a file directly inside the
-/// dataset directory: not empty, no `/` or `\` (so not absolute and not in a subdirectory), no
-/// NUL, and not starting with `.` (so neither `.` nor `..`, nor a hidden file `pack` never
-/// writes). Readers open only shards whose names pass, so a damaged or hostile `imgpack.json`
-/// cannot make them read outside the dataset. A shard that is a symbolic link is followed, as
-/// the dataset directory itself would be: links are the file system owner's choice, not bytes
-/// read from the dataset.
+/// Whether `name`, as listed in the metadata's shard list, names a file inside the dataset
+/// directory: a plain file name — not empty, no `/` or `\\` (so not absolute and not in a
+/// subdirectory), no NUL, and not starting with `.` (so neither `.` nor `..`, nor a hidden file
+/// `pack` never writes) — or, in a dataset merged from parts ([`crate::part`]), such a name
+/// inside exactly one part directory (`part-0002-of-0004/shard-000000.tar`). Readers open only
+/// shards whose names pass, so a damaged or hostile `imgpack.json` cannot make them read
+/// outside the dataset. A shard that is a symbolic link is followed, as the dataset directory
+/// itself would be: links are the file system owner's choice, not bytes read from the dataset.
 pub fn is_shard_name(name: &str) -> bool {
-    !name.is_empty() && !name.starts_with('.') && !name.contains(['/', '\\', '\0'])
+    let plain = |name: &str| !name.is_empty() && !name.starts_with('.') && !name.contains(['/', '\\', '\0']);
+    match name.split_once('/') {
+        None => plain(name),
+        Some((dir, file)) => crate::part::parse_dir_name(dir).is_some() && plain(file),
+    }
 }
 
 /// Opens `file` (inside the dataset at `dataset`) for reading, if it is a regular file.

@@ -87,12 +87,13 @@ impl LmdbSink {
     }
 
     /// Reopens the database an interrupted run left in `staged` and cuts it back to the
-    /// checkpoint `durable`: records from key `format_key(durable.samples, key_width)` on are
-    /// deleted (they were committed after the last sync, or belong to an interrupted finish).
+    /// checkpoint `durable`: the keys run from `first_key` (0, or a part's first plan index), so
+    /// records from key `format_key(first_key + durable.samples, key_width)` on are deleted
+    /// (they were committed after the last sync, or belong to an interrupted finish).
     pub fn resume(
         staged: Staged,
         durable: &Durable,
-        key_width: usize,
+        (first_key, key_width): (u64, usize),
         size_hint: u64,
         checkpoint_bytes: u64,
     ) -> Result<LmdbSink> {
@@ -110,11 +111,12 @@ impl LmdbSink {
         let mut txn = sink.env.write_txn().map_err(err)?;
         sink.db =
             sink.env.open_database(&txn, None).map_err(err)?.ok_or_else(|| stale("no database".into()))?;
-        let first = format_key(durable.samples, key_width);
+        let first = format_key(first_key + durable.samples, key_width);
         let range = (Bound::Included(first.as_bytes()), Bound::Unbounded);
         sink.db.delete_range(&mut txn, &range).map_err(err)?;
         let last = sink.db.last(&txn).map_err(err)?.map(|(k, _)| String::from_utf8_lossy(k).into_owned());
-        let expected_last = durable.samples.checked_sub(1).map(|n| format_key(n, key_width));
+        let expected_last =
+            durable.samples.checked_sub(1).map(|n| format_key(first_key + n, key_width));
         if last.as_deref().map(|k| k.split('.').next().unwrap_or(k)) != expected_last.as_deref() {
             return Err(stale(format!(
                 "its last record is {last:?}, the journal says {} samples",
@@ -334,6 +336,7 @@ mod tests {
             tool: crate::TOOL.into(),
             checksum: Some(imgpack_reader::checksum::ALGORITHM.into()),
             shards: Vec::new(),
+            part: None,
         }
     }
 

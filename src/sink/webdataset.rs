@@ -379,7 +379,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// A ustar header for a regular file: deterministic (mtime 0, uid/gid 0, mode 0644, no names).
-fn ustar_header(name: &str, size: u64) -> std::result::Result<[u8; 512], String> {
+pub(crate) fn ustar_header(name: &str, size: u64) -> std::result::Result<[u8; 512], String> {
     if name.len() > MAX_NAME {
         return Err(format!("member name {name:?} is longer than {MAX_NAME} bytes"));
     }

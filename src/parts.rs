@@ -1,0 +1,282 @@
+//! Packing one part of a plan on one machine of a cluster job (`pack PLAN --part K/N`).
+//!
+//! A job array runs the same command N times; each run packs the contiguous range of the plan
+//! that [`Part::range`] gives it — cut by bytes, not by count, so parts take about the same time
+//! whatever the file sizes — into `OUT/part-KKKK-of-NNNN` ([`imgpack_reader::part`]). Nothing
+//! coordinates the runs: every one reads the same plan and computes the same cuts, and
+//! `pack merge` ([`crate::merge`]) checks afterwards that the parts fit together.
+//!
+//! A part keeps the plan index of its first sample as its first key, so parts never use the
+//! same key. Re-running a finished part does nothing; re-running an interrupted one continues
+//! from its last checkpoint ([`crate::resume`]), as job schedulers re-queue failed tasks.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use imgpack_reader::part::PartInfo;
+use imgpack_reader::Meta;
+
+use crate::plan::Plan;
+use crate::{Error, Result};
+
+/// Part K of N, K counted from 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    /// K, from 0 to `count - 1`.
+    pub index: u64,
+    /// N, at least 1.
+    pub count: u64,
+}
+
+impl Part {
+    /// Parses `--part`: `K/N`, or `auto` for K and N from a Slurm job array
+    /// (`SLURM_ARRAY_TASK_ID` minus `SLURM_ARRAY_TASK_MIN`, `SLURM_ARRAY_TASK_COUNT`), or
+    /// `auto/N` for K from a Slurm array or a Kubernetes Indexed Job (`JOB_COMPLETION_INDEX`).
+    /// `env` looks a variable up (`std::env::var` outside tests).
+    pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> std::result::Result<Part, String> {
+        let (k, n) = match text.split_once('/') {
+            Some((k, n)) => (k.trim(), Some(n.trim())),
+            None if text.trim() == "auto" => ("auto", None),
+            None => return Err(format!("--part {text:?}: write K/N (part K of N, K from 0 to N-1), auto or auto/N")),
+        };
+        let number = |what: &str, value: &str| {
+            value.parse::<u64>().map_err(|_| format!("--part {text:?}: {what} {value:?} is not a whole number"))
+        };
+        let var = |name: &str| env(name).filter(|v| !v.trim().is_empty()).map(|v| v.trim().to_string());
+        let index = if k == "auto" {
+            if let Some(id) = var("SLURM_ARRAY_TASK_ID") {
+                let id = number("SLURM_ARRAY_TASK_ID", &id)?;
+                let min = var("SLURM_ARRAY_TASK_MIN").map(|m| number("SLURM_ARRAY_TASK_MIN", &m)).transpose()?;
+                id.checked_sub(min.unwrap_or(0)).ok_or_else(|| {
+                    format!("--part {text:?}: SLURM_ARRAY_TASK_ID {id} is below SLURM_ARRAY_TASK_MIN")
+                })?
+            } else if let Some(index) = var("JOB_COMPLETION_INDEX") {
+                number("JOB_COMPLETION_INDEX", &index)?
+            } else {
+                return Err(format!(
+                    "--part {text:?}: K is `auto` but neither SLURM_ARRAY_TASK_ID (a Slurm job array) nor JOB_COMPLETION_INDEX (a Kubernetes Indexed Job) is set; pass --part K/N"
+                ));
+            }
+        } else {
+            number("K", k)?
+        };
+        let count = match n {
+            Some("auto") | None => {
+                let count = var("SLURM_ARRAY_TASK_COUNT").ok_or_else(|| {
+                    format!("--part {text:?}: N is `auto` but SLURM_ARRAY_TASK_COUNT is not set (only Slurm job arrays set it); pass --part auto/N")
+                })?;
+                number("SLURM_ARRAY_TASK_COUNT", &count)?
+            }
+            Some(n) => number("N", n)?,
+        };
+        if count == 0 || index >= count {
+            return Err(format!(
+                "--part {text:?} means part {index} of {count}: K counts from 0 to N-1 (a Slurm array is --array=0-{} for N = {})",
+                count.max(1) - 1,
+                count.max(1)
+            ));
+        }
+        Ok(Part { index, count })
+    }
+
+    /// The directory the part is written to, inside the output: `part-0002-of-0004`.
+    pub fn dir_name(&self) -> String {
+        imgpack_reader::part::dir_name(self.index, self.count)
+    }
+
+    /// The plan samples this part packs: the `index`-th of `count` contiguous ranges with about
+    /// equal bytes. Range `j` starts at the first sample whose preceding samples hold at least
+    /// `j / count` of the plan's bytes, so the cuts depend on the sizes alone and every part
+    /// computes the same ones. A plan without sizes is cut by count.
+    pub fn range(&self, sizes: &[u64]) -> Range<usize> {
+        let total: u128 = sizes.iter().map(|&s| u128::from(s)).sum();
+        let (start, end) = (u128::from(self.index), u128::from(self.index + 1));
+        let count = u128::from(self.count);
+        if total == 0 {
+            let cut = |j: u128| (sizes.len() as u128 * j / count) as usize;
+            return cut(start)..cut(end);
+        }
+        let (mut first, mut last) = (None, None);
+        let mut before: u128 = 0;
+        for (i, &size) in sizes.iter().enumerate() {
+            if first.is_none() && before * count >= start * total {
+                first = Some(i);
+            }
+            if before * count >= end * total {
+                last = Some(i);
+                break;
+            }
+            before += u128::from(size);
+        }
+        let end = if self.index + 1 == self.count { sizes.len() } else { last.unwrap_or(sizes.len()) };
+        let start = first.unwrap_or(sizes.len()).min(end);
+        start..end
+    }
+}
+
+/// The MD5 of the plan file at `path`, lower-case hex: what ties the parts of one dataset to
+/// one plan (a plan made again from a changed tree differs).
+pub fn plan_digest(path: &Path) -> Result<String> {
+    use md5::{Digest, Md5};
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(Error::io(path))?;
+    let mut md5 = Md5::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = file.read(&mut buf).map_err(Error::io(path))?;
+        if n == 0 {
+            break;
+        }
+        md5.update(&buf[..n]);
+    }
+    Ok(crate::sink::webdataset::hex(&md5.finalize()))
+}
+
+/// What a part run writes into its metadata, before its skipped files are known.
+pub fn info(part: Part, plan: &Plan, digest: String, range: &Range<usize>) -> PartInfo {
+    PartInfo {
+        index: part.index,
+        count: part.count,
+        plan: digest,
+        plan_samples: plan.header.samples,
+        first: range.start as u64,
+        planned: range.len() as u64,
+        skipped: Vec::new(),
+    }
+}
+
+/// The metadata of the finished part in `dir` (LMDB or WebDataset), as written: checked for
+/// format and version, but a part's metadata, which [`Meta::unreadable`] refuses, is what it
+/// must be. `None` if `dir` holds no finished output.
+pub fn read_meta(dir: &Path) -> Result<Option<Meta>> {
+    let bad = |reason: String| Error::BadSource { path: dir.to_path_buf(), reason };
+    let (raw, format) = if dir.join("data.mdb").is_file() {
+        (read_lmdb_meta(dir)?, imgpack_reader::lmdb::FORMAT_NAME)
+    } else {
+        let path = dir.join(imgpack_reader::webdataset::META_FILE);
+        match std::fs::read(&path) {
+            Ok(raw) => (Some(raw), imgpack_reader::webdataset::FORMAT_NAME),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, ""),
+            Err(e) => return Err(Error::io(path)(e)),
+        }
+    };
+    let Some(raw) = raw else { return Ok(None) };
+    let meta: Meta = serde_json::from_slice(&raw).map_err(|e| bad(format!("its metadata does not parse: {e}")))?;
+    if let Some(reason) = meta.unreadable_part(format) {
+        return Err(bad(reason));
+    }
+    Ok(Some(meta))
+}
+
+/// The `__meta__` record of the LMDB environment in `dir`, if it has one.
+fn read_lmdb_meta(dir: &Path) -> Result<Option<Vec<u8>>> {
+    use heed::types::Bytes;
+    let err = |source| Error::Lmdb { path: dir.to_path_buf(), source, hint: String::new() };
+    let mut options = heed::EnvOpenOptions::new().read_txn_without_tls();
+    // SAFETY: read-only and without the lock file: a finished part is never written again.
+    let env = unsafe {
+        options.flags(heed::EnvFlags::READ_ONLY | heed::EnvFlags::NO_LOCK);
+        options.open(dir)
+    }
+    .map_err(err)?;
+    let txn = env.read_txn().map_err(err)?;
+    let db: Option<heed::Database<Bytes, Bytes>> = env.open_database(&txn, None).map_err(err)?;
+    let raw = match db {
+        Some(db) => db.get(&txn, imgpack_reader::key::META_KEY.as_bytes()).map_err(err)?.map(<[u8]>::to_vec),
+        None => None,
+    };
+    drop(txn);
+    env.prepare_for_closing().wait();
+    Ok(raw)
+}
+
+/// Whether the finished part at `dir` is the one this run would write: same plan, part,
+/// format and options. `Ok(Some(meta))` means there is nothing to do.
+pub fn already_packed(dir: &Path, expected: &PartInfo, options: &serde_json::Value) -> Result<Option<Meta>> {
+    let Some(meta) = read_meta(dir)? else { return Ok(None) };
+    let part = meta.part.as_ref();
+    let same = part.is_some_and(|p| {
+        p.plan == expected.plan && p.index == expected.index && p.count == expected.count
+    }) && &meta.options == options;
+    if same {
+        return Ok(Some(meta));
+    }
+    let what = match part {
+        None => "a whole dataset, not a part".to_string(),
+        Some(p) if p.plan != expected.plan => format!("part {} of {} of another plan", p.index, p.count),
+        Some(_) => format!(
+            "this part made with other options ({})",
+            crate::resume::differences(&meta.options, options).join(", ")
+        ),
+    };
+    Err(Error::Usage(format!(
+        "{}: holds {what}; pass --overwrite to replace it, or write this plan's parts to another -o",
+        dir.display()
+    )))
+}
+
+/// The part directory inside the output `out`.
+pub fn part_path(out: &Path, part: Part) -> PathBuf {
+    out.join(part.dir_name())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn part_is_read_from_the_command_line_or_the_scheduler() {
+        let none = env(&[]);
+        assert_eq!(Part::parse("2/4", &none), Ok(Part { index: 2, count: 4 }));
+        for bad in ["4/4", "1/0", "x/4", "2", "-1/4"] {
+            assert!(Part::parse(bad, &none).is_err(), "{bad}");
+        }
+        assert!(Part::parse("4/4", &none).unwrap_err().contains("K counts from 0 to N-1"));
+        let slurm = env(&[("SLURM_ARRAY_TASK_ID", "3"), ("SLURM_ARRAY_TASK_COUNT", "4")]);
+        assert_eq!(Part::parse("auto", &slurm), Ok(Part { index: 3, count: 4 }));
+        // An array numbered from 1 (--array=1-4) still gives parts 0 to 3.
+        let from_one = env(&[
+            ("SLURM_ARRAY_TASK_ID", "4"),
+            ("SLURM_ARRAY_TASK_MIN", "1"),
+            ("SLURM_ARRAY_TASK_COUNT", "4"),
+        ]);
+        assert_eq!(Part::parse("auto", &from_one), Ok(Part { index: 3, count: 4 }));
+        let k8s = env(&[("JOB_COMPLETION_INDEX", "1")]);
+        assert_eq!(Part::parse("auto/3", &k8s), Ok(Part { index: 1, count: 3 }));
+        let err = Part::parse("auto", &k8s).unwrap_err();
+        assert!(err.contains("SLURM_ARRAY_TASK_COUNT") && err.contains("auto/N"), "{err}");
+        let err = Part::parse("auto/4", &none).unwrap_err();
+        assert!(err.contains("JOB_COMPLETION_INDEX"), "{err}");
+    }
+
+    #[test]
+    fn ranges_tile_the_plan_and_balance_bytes() {
+        let sizes: Vec<u64> = (0..1000).map(|i| if i < 100 { 10_000 } else { 100 }).collect();
+        for count in [1, 2, 3, 4, 7] {
+            let ranges: Vec<_> = (0..count).map(|index| Part { index, count }.range(&sizes)).collect();
+            assert_eq!(ranges[0].start, 0);
+            assert_eq!(ranges.last().unwrap().end, sizes.len());
+            for pair in ranges.windows(2) {
+                assert_eq!(pair[0].end, pair[1].start, "contiguous");
+            }
+            let total: u64 = sizes.iter().sum();
+            for r in &ranges {
+                let bytes: u64 = sizes[r.clone()].iter().sum();
+                // Each part within one sample's size of its share.
+                assert!(bytes.abs_diff(total / count) <= 10_000, "{count}: {r:?} {bytes}");
+            }
+        }
+        // By count, the first part would hold 250 of the big files' worth; by bytes it holds
+        // far fewer samples.
+        assert!(Part { index: 0, count: 4 }.range(&sizes).len() < 60);
+        // No sizes: cut by count.
+        assert_eq!(Part { index: 1, count: 4 }.range(&[0; 8]), 2..4);
+        // More parts than samples: some parts are empty, none overlap.
+        let few: Vec<_> = (0..5).map(|index| Part { index, count: 5 }.range(&[1, 1])).collect();
+        assert_eq!(few.iter().map(|r| r.len()).sum::<usize>(), 2);
+    }
+}
