@@ -220,7 +220,8 @@ impl VerifyArgs {
 }
 
 /// The subcommand names; anything else in first position is a source path (`pack SRC ...`).
-pub const SUBCOMMANDS: [&str; 7] = ["imagefolder", "convert", "bench-read", "plan", "verify", "merge", "help"];
+pub const SUBCOMMANDS: [&str; 7] =
+    ["imagefolder", "convert", "bench-read", "plan", "verify", "merge", "help"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PatternArg {

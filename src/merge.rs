@@ -177,7 +177,12 @@ pub fn merge(out: &Path, options: &MergeOptions) -> Result<Merged> {
         let first = &parts[0];
         let mut meta = Meta {
             samples: parts.iter().map(|p| p.meta.samples).sum(),
-            fields: parts.iter().flat_map(|p| p.meta.fields.iter().cloned()).collect::<BTreeSet<_>>().into_iter().collect(),
+            fields: parts
+                .iter()
+                .flat_map(|p| p.meta.fields.iter().cloned())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
             tool: crate::TOOL.into(),
             version: FORMAT_VERSION,
             checksum: Some(imgpack_reader::checksum::ALGORITHM.into()),
@@ -243,7 +248,13 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
         }
     }
     let infos: Vec<PartInfo> = parts.iter().filter_map(|m| m.part.clone()).collect();
-    let count = meta.shards.iter().filter_map(|s| s.name.split_once('/')).map(|(d, _)| d).collect::<BTreeSet<_>>().len();
+    let count = meta
+        .shards
+        .iter()
+        .filter_map(|s| s.name.split_once('/'))
+        .map(|(d, _)| d)
+        .collect::<BTreeSet<_>>()
+        .len();
     Ok(Merged {
         kind: "merge",
         output: out.to_path_buf(),
@@ -296,7 +307,8 @@ fn part_dirs(out: &Path) -> Result<(Vec<(String, (u64, u64))>, BTreeMap<(u64, u6
 fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
     let refuse = |reason: String| Error::Merge { path: out.to_path_buf(), reason };
     let (finished, unfinished) = part_dirs(out)?;
-    let counts: BTreeSet<u64> = finished.iter().map(|(_, (_, n))| *n).chain(unfinished.keys().map(|(_, n)| *n)).collect();
+    let counts: BTreeSet<u64> =
+        finished.iter().map(|(_, (_, n))| *n).chain(unfinished.keys().map(|(_, n)| *n)).collect();
     let count = match counts.len() {
         0 => {
             return Err(refuse(
@@ -333,8 +345,9 @@ fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
     let mut parts: Vec<FoundPart> = Vec::with_capacity(count as usize);
     for (k, name) in present {
         let dir = out.join(&name);
-        let meta = crate::parts::read_meta(&dir)?
-            .ok_or_else(|| refuse(format!("{} holds no finished part (no metadata); run its command again", dir.display())))?;
+        let meta = crate::parts::read_meta(&dir)?.ok_or_else(|| {
+            refuse(format!("{} holds no finished part (no metadata); run its command again", dir.display()))
+        })?;
         let Some(info) = meta.part.clone() else {
             return Err(refuse(format!("{} holds a whole dataset, not a part; remove it", dir.display())));
         };
@@ -427,22 +440,36 @@ fn merge_lmdb(out: &Path, parts: &[FoundPart], meta: &Meta, options: &MergeOptio
             .ok_or_else(|| damaged(TABLE_KEY, "missing".into()))
             .and_then(|raw| Table::decode(raw).map_err(|r| damaged(TABLE_KEY, r)))?;
         if table.samples.len() as u64 != part.meta.samples {
-            return Err(damaged(TABLE_KEY, format!("{} checksums for {} samples", table.samples.len(), part.meta.samples)));
+            return Err(damaged(
+                TABLE_KEY,
+                format!("{} checksums for {} samples", table.samples.len(), part.meta.samples),
+            ));
         }
         let width = part.meta.key_width;
         let mut batch: Vec<PackedSample> = Vec::new();
         let mut batch_bytes = 0u64;
         let mut current: Option<(String, Vec<(String, Vec<u8>)>)> = None;
         let mut j = 0u64;
-        let finish_sample = |key: String, fields: Vec<(String, Vec<u8>)>, j: &mut u64, batch: &mut Vec<PackedSample>| -> Result<u64> {
+        let finish_sample = |key: String,
+                             fields: Vec<(String, Vec<u8>)>,
+                             j: &mut u64,
+                             batch: &mut Vec<PackedSample>|
+         -> Result<u64> {
             let expected = format_key(part.info.first + *j, width);
             if key != expected {
-                return Err(damaged(&key, format!("expected key {expected} (keys of a part run without gaps)")));
+                return Err(damaged(
+                    &key,
+                    format!("expected key {expected} (keys of a part run without gaps)"),
+                ));
             }
-            let sample = PackedSample { key: format_key(part.new_first + *j, width), fields, crcs: Vec::new() };
+            let sample =
+                PackedSample { key: format_key(part.new_first + *j, width), fields, crcs: Vec::new() };
             let want = table.samples.get(*j as usize).copied();
             if want != Some(sample.crc()) {
-                return Err(damaged(&key, format!("CRC-32 {:08x}, its checksum table says {want:08x?}", sample.crc())));
+                return Err(damaged(
+                    &key,
+                    format!("CRC-32 {:08x}, its checksum table says {want:08x?}", sample.crc()),
+                ));
             }
             *j += 1;
             let bytes = sample.bytes();
@@ -455,7 +482,8 @@ fn merge_lmdb(out: &Path, parts: &[FoundPart], meta: &Meta, options: &MergeOptio
                 continue;
             }
             let name = String::from_utf8_lossy(name);
-            let (key, ext) = split_field_name(&name).ok_or_else(|| damaged(&name, "not {key}.{ext}".into()))?;
+            let (key, ext) =
+                split_field_name(&name).ok_or_else(|| damaged(&name, "not {key}.{ext}".into()))?;
             if current.as_ref().is_some_and(|(k, _)| k != key) {
                 let (k, fields) = current.take().expect("checked");
                 batch_bytes += finish_sample(k, fields, &mut j, &mut batch)?;
@@ -465,7 +493,10 @@ fn merge_lmdb(out: &Path, parts: &[FoundPart], meta: &Meta, options: &MergeOptio
                     batch_bytes = 0;
                 }
             }
-            current.get_or_insert_with(|| (key.to_string(), Vec::new())).1.push((ext.to_string(), value.to_vec()));
+            current
+                .get_or_insert_with(|| (key.to_string(), Vec::new()))
+                .1
+                .push((ext.to_string(), value.to_vec()));
         }
         if let Some((k, fields)) = current.take() {
             finish_sample(k, fields, &mut j, &mut batch)?;

@@ -37,16 +37,23 @@ impl Part {
         let (k, n) = match text.split_once('/') {
             Some((k, n)) => (k.trim(), Some(n.trim())),
             None if text.trim() == "auto" => ("auto", None),
-            None => return Err(format!("--part {text:?}: write K/N (part K of N, K from 0 to N-1), auto or auto/N")),
+            None => {
+                return Err(format!(
+                    "--part {text:?}: write K/N (part K of N, K from 0 to N-1), auto or auto/N"
+                ))
+            }
         };
         let number = |what: &str, value: &str| {
-            value.parse::<u64>().map_err(|_| format!("--part {text:?}: {what} {value:?} is not a whole number"))
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("--part {text:?}: {what} {value:?} is not a whole number"))
         };
         let var = |name: &str| env(name).filter(|v| !v.trim().is_empty()).map(|v| v.trim().to_string());
         let index = if k == "auto" {
             if let Some(id) = var("SLURM_ARRAY_TASK_ID") {
                 let id = number("SLURM_ARRAY_TASK_ID", &id)?;
-                let min = var("SLURM_ARRAY_TASK_MIN").map(|m| number("SLURM_ARRAY_TASK_MIN", &m)).transpose()?;
+                let min =
+                    var("SLURM_ARRAY_TASK_MIN").map(|m| number("SLURM_ARRAY_TASK_MIN", &m)).transpose()?;
                 id.checked_sub(min.unwrap_or(0)).ok_or_else(|| {
                     format!("--part {text:?}: SLURM_ARRAY_TASK_ID {id} is below SLURM_ARRAY_TASK_MIN")
                 })?
@@ -89,28 +96,34 @@ impl Part {
     /// `j / count` of the plan's bytes, so the cuts depend on the sizes alone and every part
     /// computes the same ones. A plan without sizes is cut by count.
     pub fn range(&self, sizes: &[u64]) -> Range<usize> {
-        let total: u128 = sizes.iter().map(|&s| u128::from(s)).sum();
-        let (start, end) = (u128::from(self.index), u128::from(self.index + 1));
-        let count = u128::from(self.count);
-        if total == 0 {
-            let cut = |j: u128| (sizes.len() as u128 * j / count) as usize;
-            return cut(start)..cut(end);
-        }
-        let (mut first, mut last) = (None, None);
-        let mut before: u128 = 0;
+        let total: u64 = sizes.iter().sum();
+        let mut before = 0;
+        let mut range: Option<Range<usize>> = None;
         for (i, &size) in sizes.iter().enumerate() {
-            if first.is_none() && before * count >= start * total {
-                first = Some(i);
+            if self.selects(i as u64, before, total, sizes.len() as u64) {
+                range = Some(range.map_or(i..i + 1, |r| r.start..i + 1));
             }
-            if before * count >= end * total {
-                last = Some(i);
-                break;
-            }
-            before += u128::from(size);
+            before += size;
         }
-        let end = if self.index + 1 == self.count { sizes.len() } else { last.unwrap_or(sizes.len()) };
-        let start = first.unwrap_or(sizes.len()).min(end);
-        start..end
+        range.unwrap_or(0..0)
+    }
+
+    /// Whether plan sample `i` belongs to this part, given the bytes of the samples `before`
+    /// it, the plan's `total` bytes and its sample count — what [`Part::range`] computes, one
+    /// sample at a time, so a plan can be read as a stream keeping only its part's samples.
+    pub fn selects(&self, i: u64, before: u64, total: u64, samples: u64) -> bool {
+        let next = Part { index: self.index + 1, count: self.count };
+        self.reached(i, before, total, samples)
+            && (next.index == self.count || !next.reached(i, before, total, samples))
+    }
+
+    /// Whether plan sample `i` (after `before` bytes) is at or past this part's start.
+    pub fn reached(&self, i: u64, before: u64, total: u64, samples: u64) -> bool {
+        let (k, n) = (u128::from(self.index), u128::from(self.count));
+        if total == 0 {
+            return u128::from(i) >= u128::from(samples) * k / n;
+        }
+        u128::from(before) * n >= k * u128::from(total)
     }
 }
 
@@ -132,15 +145,16 @@ pub fn plan_digest(path: &Path) -> Result<String> {
     Ok(crate::sink::webdataset::hex(&md5.finalize()))
 }
 
-/// What a part run writes into its metadata, before its skipped files are known.
-pub fn info(part: Part, plan: &Plan, digest: String, range: &Range<usize>) -> PartInfo {
+/// What a part run writes into its metadata, before its skipped files are known; `plan` holds
+/// the part's samples only ([`Plan::read`]).
+pub fn info(part: Part, plan: &Plan, digest: String) -> PartInfo {
     PartInfo {
         index: part.index,
         count: part.count,
         plan: digest,
         plan_samples: plan.header.samples,
-        first: range.start as u64,
-        planned: range.len() as u64,
+        first: plan.first,
+        planned: plan.samples.len() as u64,
         skipped: Vec::new(),
     }
 }
@@ -161,7 +175,8 @@ pub fn read_meta(dir: &Path) -> Result<Option<Meta>> {
         }
     };
     let Some(raw) = raw else { return Ok(None) };
-    let meta: Meta = serde_json::from_slice(&raw).map_err(|e| bad(format!("its metadata does not parse: {e}")))?;
+    let meta: Meta =
+        serde_json::from_slice(&raw).map_err(|e| bad(format!("its metadata does not parse: {e}")))?;
     if let Some(reason) = meta.unreadable_part(format) {
         return Err(bad(reason));
     }
@@ -195,9 +210,9 @@ fn read_lmdb_meta(dir: &Path) -> Result<Option<Vec<u8>>> {
 pub fn already_packed(dir: &Path, expected: &PartInfo, options: &serde_json::Value) -> Result<Option<Meta>> {
     let Some(meta) = read_meta(dir)? else { return Ok(None) };
     let part = meta.part.as_ref();
-    let same = part.is_some_and(|p| {
-        p.plan == expected.plan && p.index == expected.index && p.count == expected.count
-    }) && &meta.options == options;
+    let same = part
+        .is_some_and(|p| p.plan == expected.plan && p.index == expected.index && p.count == expected.count)
+        && &meta.options == options;
     if same {
         return Ok(Some(meta));
     }
@@ -251,6 +266,53 @@ mod tests {
         assert!(err.contains("SLURM_ARRAY_TASK_COUNT") && err.contains("auto/N"), "{err}");
         let err = Part::parse("auto/4", &none).unwrap_err();
         assert!(err.contains("JOB_COMPLETION_INDEX"), "{err}");
+    }
+
+    #[test]
+    fn reading_a_part_of_a_plan_keeps_exactly_its_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let sizes = [5u64, 100, 1, 1, 1, 300, 2, 0, 9];
+        let sample = |(i, &size): (usize, &u64)| crate::plan::Planned {
+            path: format!("c/{i}.jpg"),
+            path_hex: None,
+            class: 0,
+            size,
+            mtime_ns: 1,
+        };
+        let plan = Plan {
+            header: crate::plan::Header {
+                format: crate::plan::FORMAT_NAME.into(),
+                version: crate::plan::PLAN_VERSION,
+                tool: crate::TOOL.into(),
+                root: "r".into(),
+                root_abs: "/r".into(),
+                options: serde_json::json!({}),
+                classes: vec!["c".into()],
+                empty_classes: vec![],
+                warnings: vec![],
+                samples: sizes.len() as u64,
+                bytes: sizes.iter().sum(),
+            },
+            samples: sizes.iter().enumerate().map(sample).collect(),
+            first: 0,
+        };
+        let path = dir.path().join("p.plan");
+        plan.write(&path).unwrap();
+        for count in [1, 2, 3, 5, 12] {
+            let mut next = 0;
+            for index in 0..count {
+                let part = Part { index, count };
+                let read = Plan::read(&path, Some(part)).unwrap();
+                let range = part.range(&sizes);
+                assert_eq!(read.first, next, "{index}/{count}: starts where the last part ended");
+                if !range.is_empty() {
+                    assert_eq!(read.first as usize, range.start);
+                }
+                assert_eq!(read.samples, plan.samples[range.clone()], "{index}/{count}");
+                next = read.first + read.samples.len() as u64;
+            }
+            assert_eq!(next, sizes.len() as u64, "{count} parts cover the plan");
+        }
     }
 
     #[test]

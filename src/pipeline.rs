@@ -58,7 +58,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                 reason: "is a file, neither a plan written by `pack plan` nor an ImageFolder tree or packed dataset (directories)".into(),
             });
         }
-        let plan = Plan::read(&config.source)?;
+        let plan = Plan::read(&config.source, config.part)?;
         if config.shuffle.is_some() {
             return Err(Error::Usage(format!(
                 "--shuffle: the plan {} fixed the order of the samples; make the plan with --shuffle instead",
@@ -79,9 +79,7 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                         "--part packs lmdb or webdataset parts for `pack merge`; unpack a merged dataset instead".into(),
                     ));
                 }
-                let sizes: Vec<u64> = plan.samples.iter().map(|s| s.size).collect();
-                let range = part.range(&sizes);
-                let info = crate::parts::info(part, &plan, crate::parts::plan_digest(&config.source)?, &range);
+                let info = crate::parts::info(part, &plan, crate::parts::plan_digest(&config.source)?);
                 std::fs::create_dir_all(&config.output).map_err(Error::io(&config.output))?;
                 planned.output = crate::parts::part_path(&config.output, part);
                 if !config.overwrite {
@@ -92,20 +90,11 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                 }
                 // A job scheduler re-runs a failed task with the same command: it continues.
                 planned.resume = true;
-                Some((info, range))
+                Some(info)
             }
         };
-        let (range, part) = match part {
-            Some((info, range)) => (Some(range), Some(info)),
-            None => (None, None),
-        };
-        let input = Input {
-            source: Box::new(PlanSource::new(plan, range)),
-            kind: "imagefolder",
-            root,
-            ordered: true,
-            part,
-        };
+        let input =
+            Input { source: Box::new(PlanSource::new(plan)), kind: "imagefolder", root, ordered: true, part };
         return run(&planned, input, bar);
     }
     if config.part.is_some() {
@@ -404,9 +393,9 @@ fn part_skipped(part: &PartInfo, total: &resume::Progress, samples: &[SourceSamp
         .iter()
         .map(|(position, reason)| SkippedSample {
             index: part.first + position,
-            path: samples.get(*position as usize).map_or_else(String::new, |s| {
-                SampleInfo::new(&s.rel_path, "").path
-            }),
+            path: samples
+                .get(*position as usize)
+                .map_or_else(String::new, |s| SampleInfo::new(&s.rel_path, "").path),
             reason: reason.clone(),
         })
         .collect()

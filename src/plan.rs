@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::parts::Part;
 use crate::resume::Stamp;
 use crate::source::{Listing, Source, SourceSample};
 use crate::{Error, Result};
@@ -66,13 +67,15 @@ pub struct Planned {
     pub mtime_ns: i64,
 }
 
-/// A whole plan.
+/// A plan, or the samples of one part of it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     /// The header.
     pub header: Header,
-    /// The samples in order.
+    /// The samples in order: all of them, or one part's ([`Plan::read`]).
     pub samples: Vec<Planned>,
+    /// The plan index of `samples[0]` (0 for a whole plan).
+    pub first: u64,
 }
 
 impl Plan {
@@ -110,6 +113,7 @@ impl Plan {
                 bytes: samples.iter().map(|s| s.size).sum(),
             },
             samples,
+            first: 0,
         })
     }
 
@@ -134,8 +138,9 @@ impl Plan {
         std::fs::rename(&temp, path).map_err(Error::io(path))
     }
 
-    /// Reads the plan at `path`.
-    pub fn read(path: &Path) -> Result<Plan> {
+    /// Reads the plan at `path`: all of it, or with `part` only that part's samples
+    /// ([`Part::selects`]), so a part's memory follows the part's size, not the plan's.
+    pub fn read(path: &Path, part: Option<Part>) -> Result<Plan> {
         let bad = |reason: String| Error::BadSource {
             path: path.to_path_buf(),
             reason: format!("not a plan written by `pack plan`: {reason}"),
@@ -151,11 +156,24 @@ impl Plan {
                 header.format, header.version
             )));
         }
-        let mut samples = Vec::with_capacity(header.samples.min(1 << 24) as usize);
+        let share = part.map_or(header.samples, |p| header.samples / p.count + 1);
+        let mut samples = Vec::with_capacity(share.min(1 << 24) as usize);
+        let (mut seen, mut bytes, mut first) = (0u64, 0u64, None);
         for (n, line) in lines.enumerate() {
             let line = line.map_err(|e| bad(format!("line {}: {e}", n + 2)))?;
             let sample: Planned =
                 serde_json::from_str(&line).map_err(|e| bad(format!("line {}: {e}", n + 2)))?;
+            let (i, before) = (seen, bytes);
+            seen += 1;
+            bytes = bytes.saturating_add(sample.size);
+            if let Some(p) = part {
+                if first.is_none() && p.reached(i, before, header.bytes, header.samples) {
+                    first = Some(i);
+                }
+                if !p.selects(i, before, header.bytes, header.samples) {
+                    continue;
+                }
+            }
             if sample.class as usize >= header.classes.len() {
                 return Err(bad(format!(
                     "line {}: class {} of {}",
@@ -166,14 +184,15 @@ impl Plan {
             }
             samples.push(sample);
         }
-        if samples.len() as u64 != header.samples {
+        if seen != header.samples || bytes != header.bytes {
             return Err(bad(format!(
-                "its header promises {} samples, {} follow",
-                header.samples,
-                samples.len()
+                "its header promises {} samples of {} bytes, {seen} of {bytes} follow",
+                header.samples, header.bytes
             )));
         }
-        Ok(Plan { header, samples })
+        // A part that starts past the last sample is empty and starts at the end.
+        let first = if part.is_some() { first.unwrap_or(seen) } else { 0 };
+        Ok(Plan { header, samples, first })
     }
 
     /// The extensions and shuffle seed the plan was made with.
@@ -223,29 +242,29 @@ pub fn is_plan(path: &Path) -> bool {
     text.starts_with('{') && text.contains(&format!("\"format\":\"{FORMAT_NAME}\""))
 }
 
-/// A plan as a source: its listing is the plan (or one range of it, for a part), its files are
-/// read from the planned root.
+/// A plan as a source: its listing is the plan (or one part of it), its files are read from
+/// the planned root.
 #[derive(Debug)]
 pub struct PlanSource {
     plan: Plan,
     root: PathBuf,
-    range: std::ops::Range<usize>,
 }
 
 impl PlanSource {
-    /// A source reading the samples of `plan`, or only those in `range`.
-    pub fn new(plan: Plan, range: Option<std::ops::Range<usize>>) -> PlanSource {
+    /// A source reading the samples of `plan`.
+    pub fn new(plan: Plan) -> PlanSource {
         let root = PathBuf::from(&plan.header.root_abs);
-        let range = range.unwrap_or(0..plan.samples.len());
-        PlanSource { plan, root, range }
+        PlanSource { plan, root }
     }
 }
 
 impl Source for PlanSource {
     fn list(&self) -> Result<Listing> {
-        let samples = self.plan.samples[self.range.clone()]
+        let samples = self
+            .plan
+            .samples
             .iter()
-            .zip(self.range.clone())
+            .zip(self.plan.first..)
             .map(|(s, i)| {
                 let rel_path = planned_path(s).map_err(|reason| Error::BadSource {
                     path: self.root.clone(),

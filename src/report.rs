@@ -35,7 +35,10 @@ impl Skipped {
 
 /// A path as JSON text: serde refuses a path that is not UTF-8, and a summary must never fail
 /// to print for want of a file name's encoding.
-pub(crate) fn lossy_path<S: serde::Serializer>(path: &std::path::Path, serializer: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn lossy_path<S: serde::Serializer>(
+    path: &std::path::Path,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&path.to_string_lossy())
 }
 

@@ -21,7 +21,16 @@ fn bin() -> PathBuf {
 fn part_command(plan: &Path, part: &str, to: &str, out: &Path) -> Command {
     let mut cmd = Command::new(bin());
     cmd.arg(plan).args(["--part", part, "--to", to, "-o"]).arg(out).args(["-q", "--json"]);
-    cmd.args(["--mode", "reencode", "--resize-shorter", "40", "--threads", "1", "--checkpoint-bytes", "20kB"]);
+    cmd.args([
+        "--mode",
+        "reencode",
+        "--resize-shorter",
+        "40",
+        "--threads",
+        "1",
+        "--checkpoint-bytes",
+        "20kB",
+    ]);
     if to == "webdataset" {
         cmd.args(["--shard-size", "60kB"]);
     }
@@ -244,10 +253,16 @@ fn part_numbers_come_from_slurm_or_kubernetes() {
         cmd.assert()
     };
     // A Slurm array numbered from 1 (--array=1-3).
-    run(&[("SLURM_ARRAY_TASK_ID", "1"), ("SLURM_ARRAY_TASK_MIN", "1"), ("SLURM_ARRAY_TASK_COUNT", "3")], "auto")
-        .code(0);
-    run(&[("SLURM_ARRAY_TASK_ID", "3"), ("SLURM_ARRAY_TASK_MIN", "1"), ("SLURM_ARRAY_TASK_COUNT", "3")], "auto")
-        .code(0);
+    run(
+        &[("SLURM_ARRAY_TASK_ID", "1"), ("SLURM_ARRAY_TASK_MIN", "1"), ("SLURM_ARRAY_TASK_COUNT", "3")],
+        "auto",
+    )
+    .code(0);
+    run(
+        &[("SLURM_ARRAY_TASK_ID", "3"), ("SLURM_ARRAY_TASK_MIN", "1"), ("SLURM_ARRAY_TASK_COUNT", "3")],
+        "auto",
+    )
+    .code(0);
     // A Kubernetes Indexed Job.
     run(&[("JOB_COMPLETION_INDEX", "1")], "auto/3").code(0);
     for k in 0..3 {

@@ -74,7 +74,8 @@ mod tests {
         let mut sorted = names.clone();
         sorted.sort();
         assert_eq!(names, sorted);
-        for bad in ["part-4-of-4", "part-0004-of-0004", "part-2-of-0004", "part-0002-of-4", "part--of-", "x"] {
+        for bad in ["part-4-of-4", "part-0004-of-0004", "part-2-of-0004", "part-0002-of-4", "part--of-", "x"]
+        {
             assert_eq!(parse_dir_name(bad), None, "{bad}");
         }
     }

@@ -115,8 +115,7 @@ impl LmdbSink {
         let range = (Bound::Included(first.as_bytes()), Bound::Unbounded);
         sink.db.delete_range(&mut txn, &range).map_err(err)?;
         let last = sink.db.last(&txn).map_err(err)?.map(|(k, _)| String::from_utf8_lossy(k).into_owned());
-        let expected_last =
-            durable.samples.checked_sub(1).map(|n| format_key(first_key + n, key_width));
+        let expected_last = durable.samples.checked_sub(1).map(|n| format_key(first_key + n, key_width));
         if last.as_deref().map(|k| k.split('.').next().unwrap_or(k)) != expected_last.as_deref() {
             return Err(stale(format!(
                 "its last record is {last:?}, the journal says {} samples",
