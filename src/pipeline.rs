@@ -88,6 +88,14 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
                         return Ok(Report::already_packed(&planned.output, &meta));
                     }
                 }
+                if imgpack_reader::detect(&config.output).is_some() {
+                    return Err(Error::Usage(format!(
+                        "{}: already holds the dataset merged from its parts, and re-packing part {}/{} would not change it; to rebuild, remove the merged files first (webdataset: imgpack.json, imgpack.index, shardindex.json; lmdb: data.mdb, lock.mdb — merge deleted the lmdb parts unless --keep-parts, so re-pack them all), then merge again",
+                        config.output.display(),
+                        part.index,
+                        part.count
+                    )));
+                }
                 // A job scheduler re-runs a failed task with the same command: it continues.
                 planned.resume = true;
                 Some(info)

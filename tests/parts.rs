@@ -215,6 +215,13 @@ fn merge_names_missing_unfinished_and_foreign_parts_and_publishes_nothing() {
     fs::remove_dir_all(out.join("part-0001-of-0002")).unwrap();
     pack(&[&"merge", &out, &"-q"]).assert().code(0);
     assert_eq!(imgpack_reader::open(&out).unwrap().len(), 31);
+    // Once merged, a part is not re-packed behind the merged files' back.
+    let assert = pack(&[&plan, &"--part", &"1/3", &"--to", &"webdataset", &"-o", &out, &"--overwrite"])
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
+    assert!(err.contains("already holds the dataset merged from its parts"), "{err}");
+    pack(&[&"verify", &out, &"-q"]).assert().code(0);
 }
 
 #[test]
@@ -277,4 +284,30 @@ fn part_numbers_come_from_slurm_or_kubernetes() {
         .assert()
         .code(2);
     assert!(String::from_utf8_lossy(&err.get_output().stderr).contains("pack plan"));
+}
+
+#[test]
+fn more_parts_than_samples_gives_empty_parts_that_merge() {
+    let fx = Fixture::new();
+    let tiny = fx.out("tiny");
+    fs::create_dir_all(tiny.join("a")).unwrap();
+    fs::create_dir_all(tiny.join("b")).unwrap();
+    fs::copy(fx.tree().join("cat/chelsea_01.jpg"), tiny.join("a/x.jpg")).unwrap();
+    fs::copy(fx.tree().join("cat/chelsea_02.jpg"), tiny.join("b/y.jpg")).unwrap();
+    let plan = fx.out("tiny.plan");
+    pack(&[&"plan", &tiny, &"-o", &plan, &"-q"]).assert().code(0);
+    for to in ["webdataset", "lmdb"] {
+        let out = fx.out(&format!("five-{to}"));
+        for k in 0..5 {
+            let part = format!("{k}/5");
+            pack(&[&plan, &"--part", &part, &"--to", &to, &"-o", &out, &"-q"]).assert().code(0);
+        }
+        pack(&[&"merge", &out, &"-q"]).assert().code(0);
+        let ds = imgpack_reader::open(&out).unwrap();
+        assert_eq!(ds.len(), 2, "{to}");
+        let labels: Vec<Vec<u8>> =
+            (0..2).map(|i| ds.get(i).unwrap().field("cls").unwrap().to_vec()).collect();
+        assert_eq!(labels, [b"0".to_vec(), b"1".to_vec()], "{to}");
+        pack(&[&"verify", &out, &"-q"]).assert().code(0);
+    }
 }
