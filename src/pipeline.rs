@@ -356,7 +356,7 @@ fn open_resumable(
             staged.path().display()
         ));
     }
-    let Some(journal) = journal else {
+    let fresh = |staged: Staged| -> Result<(Box<dyn Sink>, Ledger)> {
         resume::save_listing(staged.path(), listing, stamps)?;
         let sink: Box<dyn Sink> = match &config.format {
             OutputFormat::WebDataset { prefix, limits } => {
@@ -364,18 +364,27 @@ fn open_resumable(
             }
             _ => Box::new(LmdbSink::start(staged, total_bytes, config.checkpoint_bytes)?),
         };
-        return Ok((sink, Ledger::default()));
+        Ok((sink, Ledger::default()))
     };
-    let refuse = |reason: String| Error::Resume { path: config.output.clone(), reason };
-    if &journal.run != run {
-        return Err(refuse(format!(
+    let Some(journal) = journal else { return fresh(staged) };
+    let mismatch = if &journal.run != run {
+        Some(format!(
             "the interrupted run was made differently: {}",
             resume::differences(&journal.run, run).join(", ")
-        )));
-    }
-    let saved = resume::read_listing(staged.path())?;
-    if let Some(changes) = resume::changes(&saved, listing, stamps) {
-        return Err(refuse(format!("the source changed since the interrupted run started: {changes}")));
+        ))
+    } else {
+        let saved = resume::read_listing(staged.path())?;
+        resume::changes(&saved, listing, stamps)
+            .map(|changes| format!("the source changed since the interrupted run started: {changes}"))
+    };
+    if let Some(reason) = mismatch {
+        if config.part.is_none() {
+            return Err(Error::Resume { path: config.output.clone(), reason });
+        }
+        // A part resumes without being asked to, so what cannot be resumed starts over.
+        report.warnings.push(format!("started the part over, as {reason}"));
+        drop(staged);
+        return fresh(Staged::open_dir(&config.output, config.overwrite, false)?.0);
     }
     let durable = Durable { samples: journal.progress.packed, shards: journal.progress.shards.clone() };
     let sink: Box<dyn Sink> = match &config.format {

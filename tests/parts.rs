@@ -311,3 +311,35 @@ fn more_parts_than_samples_gives_empty_parts_that_merge() {
         pack(&[&"verify", &out, &"-q"]).assert().code(0);
     }
 }
+
+#[test]
+fn an_interrupted_part_run_again_differently_starts_over_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = big_tree(dir.path(), 4);
+    let plan = dir.path().join("t.plan");
+    pack(&[&"plan", &root, &"-o", &plan, &"-q"]).assert().code(0);
+    let out = dir.path().join("wds");
+    let temp = out.join(".part-0000-of-0002.imgpack-tmp");
+    let mut child = part_command(&plan, "0/2", "webdataset", &out).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !temp.join("imgpack-resume.json").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(temp.join("imgpack-resume.json").exists() && !out.join("part-0000-of-0002").exists());
+    let mut again = part_command(&plan, "0/2", "webdataset", &out);
+    again.args(["--quality", "50"]);
+    let result = again.output().unwrap();
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("started the part over, as the interrupted run was made differently"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("quality"), "{stderr}");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&fs::read(out.join("part-0000-of-0002/imgpack.json")).unwrap()).unwrap();
+    assert_eq!(meta["options"]["quality"].as_u64(), Some(50));
+    assert!(!temp.exists());
+}
