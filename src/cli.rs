@@ -119,15 +119,19 @@ pub struct MergeArgs {
     pub output: OutputArgs,
 }
 
+/// A `--threads` count: at least 1, all cores when not given.
+fn threads(given: Option<usize>) -> imgpack::Result<usize> {
+    match given {
+        Some(0) => Err(imgpack::Error::Usage("--threads takes a count of 1 or more".into())),
+        Some(n) => Ok(n),
+        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
 impl MergeArgs {
     /// The library options.
     pub fn to_options(&self) -> imgpack::Result<imgpack::merge::MergeOptions> {
-        let threads = match self.threads {
-            Some(0) => return Err(imgpack::Error::Usage("--threads takes a count of 1 or more".into())),
-            Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        };
-        Ok(imgpack::merge::MergeOptions { keep_parts: self.keep_parts, threads })
+        Ok(imgpack::merge::MergeOptions { keep_parts: self.keep_parts, threads: threads(self.threads)? })
     }
 }
 
@@ -210,12 +214,7 @@ pub struct VerifyArgs {
 impl VerifyArgs {
     /// The library options.
     pub fn to_options(&self) -> imgpack::Result<imgpack::verify::VerifyOptions> {
-        let threads = match self.threads {
-            Some(0) => return Err(imgpack::Error::Usage("--threads takes a count of 1 or more".into())),
-            Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        };
-        Ok(imgpack::verify::VerifyOptions { decode: self.decode, threads })
+        Ok(imgpack::verify::VerifyOptions { decode: self.decode, threads: threads(self.threads)? })
     }
 }
 
@@ -637,7 +636,8 @@ pub struct OutputArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Print the summary as one JSON object on stdout (`"type": "summary"`).
+    /// Print the summary as one JSON object on stdout (its `"type"` names the command:
+    /// `summary` for packing, `plan`, `merge`, `verify`).
     #[arg(long)]
     pub json: bool,
 }

@@ -98,13 +98,7 @@ fn run(cli: Cli) -> imgpack::Result<u8> {
     for line in report.warning_lines() {
         eprintln!("warning: {line}");
     }
-    let mut stdout = std::io::stdout().lock();
-    if args.output.json {
-        let json = serde_json::to_string(&report).expect("report serialises");
-        let _ = writeln!(stdout, "{json}");
-    } else if !args.output.quiet {
-        let _ = write!(stdout, "{report}");
-    }
+    print_summary(&args.output, &report);
     Ok(report.exit_code() as u8)
 }
 
@@ -219,14 +213,20 @@ fn verify(args: &cli::VerifyArgs) -> imgpack::Result<u8> {
 fn merge(args: &cli::MergeArgs) -> imgpack::Result<u8> {
     let options = args.to_options()?;
     let merged = imgpack::merge::merge(&args.path, &options)?;
-    let mut stdout = std::io::stdout().lock();
-    if args.output.json {
-        let json = serde_json::to_string(&merged).expect("report serialises");
-        let _ = writeln!(stdout, "{json}");
-    } else if !args.output.quiet {
-        let _ = write!(stdout, "{merged}");
-    }
+    print_summary(&args.output, &merged);
     Ok(merged.exit_code() as u8)
+}
+
+/// Prints a command's summary on stdout: one JSON object with `--json`, else the text (none
+/// with `--quiet`).
+fn print_summary(output: &cli::OutputArgs, summary: &(impl serde::Serialize + std::fmt::Display)) {
+    let mut stdout = std::io::stdout().lock();
+    if output.json {
+        let json = serde_json::to_string(summary).expect("summary serialises");
+        let _ = writeln!(stdout, "{json}");
+    } else if !output.quiet {
+        let _ = write!(stdout, "{summary}");
+    }
 }
 
 /// `pack verify`'s progress bar: bytes read of the dataset's size.

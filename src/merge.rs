@@ -7,7 +7,7 @@
 //!
 //! - **WebDataset**: the shards stay where the parts wrote them; merge writes the dataset-level
 //!   files (`imgpack.index`, `shardindex.json`, then `imgpack.json` last) in `OUT`, listing the
-//!   shards as `part-KKKK-of-NNNN/shard-000000.tar`. Reading costs what it costs in a single
+//!   shards as `part-KKKK-of-NNNN/shard-pKKKK-000000.tar`. Reading costs what it costs in a single
 //!   run's output: the same index, one map per shard.
 //! - **LMDB**: the part databases are copied, in key order, into one database with
 //!   `MDB_APPEND` (no B-tree search, pages filled to the brim), checking every sample's CRC-32
@@ -127,20 +127,7 @@ impl fmt::Display for Merged {
         }
         writeln!(f, "  bytes     {}", human_bytes(self.bytes_out))?;
         writeln!(f, "  time      {:.2} s", self.seconds)?;
-        if !self.skipped.is_empty() {
-            writeln!(
-                f,
-                "  skipped   {} (packed + skipped = found: {} + {} = {})",
-                self.skipped.len(),
-                self.packed,
-                self.skipped.len(),
-                self.found
-            )?;
-            for s in &self.skipped {
-                writeln!(f, "    {}: {}", s.path.display(), s.reason)?;
-            }
-        }
-        Ok(())
+        crate::report::write_skipped(f, &self.skipped, self.packed, self.found)
     }
 }
 
@@ -270,8 +257,11 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
     })
 }
 
+/// The bytes of the files in `out`, and in the part directories its shards are in.
 fn dataset_bytes(out: &Path, meta: &Meta) -> u64 {
-    crate::output::disk_usage(out) + meta.shards.iter().map(|s| s.bytes).sum::<u64>()
+    let dirs: BTreeSet<&str> =
+        meta.shards.iter().filter_map(|s| s.name.split_once('/')).map(|(d, _)| d).collect();
+    crate::output::disk_usage(out) + dirs.iter().map(|d| crate::output::disk_usage(&out.join(d))).sum::<u64>()
 }
 
 fn remove_if_present(path: &Path) -> Result<()> {

@@ -313,6 +313,17 @@ mod tests {
             }
             assert_eq!(next, sizes.len() as u64, "{count} parts cover the plan");
         }
+        // A plan rewritten by another JSON writer (spaces after colons) is still a plan.
+        let text =
+            String::from_utf8(zstd::stream::decode_all(&std::fs::read(&path).unwrap()[..]).unwrap()).unwrap();
+        let spaced = dir.path().join("spaced.plan");
+        std::fs::write(&spaced, zstd::stream::encode_all(text.replace("\":", "\": ").as_bytes(), 3).unwrap())
+            .unwrap();
+        assert!(crate::plan::is_plan(&spaced) && crate::plan::is_plan(&path));
+        let other = dir.path().join("other.plan");
+        std::fs::write(&other, zstd::stream::encode_all(&b"{\"format\": \"x\"}\n"[..], 3).unwrap()).unwrap();
+        assert!(!crate::plan::is_plan(&other));
+        assert_eq!(Plan::read(&spaced, None).unwrap().samples, plan.samples);
     }
 
     #[test]

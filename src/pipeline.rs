@@ -356,11 +356,15 @@ fn open_resumable(
             staged.path().display()
         ));
     }
+    let shard_prefix = |prefix: &str| match config.part {
+        Some(part) => imgpack_reader::part::shard_prefix(prefix, part.index, part.count),
+        None => prefix.to_string(),
+    };
     let fresh = |staged: Staged| -> Result<(Box<dyn Sink>, Ledger)> {
         resume::save_listing(staged.path(), listing, stamps)?;
         let sink: Box<dyn Sink> = match &config.format {
             OutputFormat::WebDataset { prefix, limits } => {
-                Box::new(WebDatasetSink::start(staged, prefix, *limits)?)
+                Box::new(WebDatasetSink::start(staged, &shard_prefix(prefix), *limits)?)
             }
             _ => Box::new(LmdbSink::start(staged, total_bytes, config.checkpoint_bytes)?),
         };
@@ -389,7 +393,7 @@ fn open_resumable(
     let durable = Durable { samples: journal.progress.packed, shards: journal.progress.shards.clone() };
     let sink: Box<dyn Sink> = match &config.format {
         OutputFormat::WebDataset { prefix, limits } => {
-            Box::new(WebDatasetSink::resume(staged, prefix, *limits, &durable)?)
+            Box::new(WebDatasetSink::resume(staged, &shard_prefix(prefix), *limits, &durable)?)
         }
         _ => Box::new(LmdbSink::resume(
             staged,

@@ -232,14 +232,18 @@ pub fn make(root: &Path, extensions: &[String], seed: Option<u64>, threads: usiz
     Plan::new(root, options, &listing, &stamps)
 }
 
-/// Whether the file at `path` is a plan (a zstd frame whose first line is a plan header).
+/// Whether the file at `path` is a plan: a zstd frame whose first line is a JSON object with
+/// `"format": "imgpack-plan"` (however the JSON is spaced, wherever the field stands in it).
 pub fn is_plan(path: &Path) -> bool {
     let Ok(file) = File::open(path) else { return false };
     let Ok(decoder) = zstd::stream::Decoder::new(BufReader::new(file)) else { return false };
-    let mut head = Vec::new();
-    let _ = decoder.take(256).read_to_end(&mut head);
-    let text = String::from_utf8_lossy(&head);
-    text.starts_with('{') && text.contains(&format!("\"format\":\"{FORMAT_NAME}\""))
+    // The header holds the class names; 64 MiB bounds what a stray file can make us read.
+    let mut first = Vec::new();
+    if BufReader::new(decoder.take(64 << 20)).read_until(b'\n', &mut first).is_err() {
+        return false;
+    }
+    serde_json::from_slice::<serde_json::Value>(&first)
+        .is_ok_and(|header| header["format"].as_str() == Some(FORMAT_NAME))
 }
 
 /// A plan as a source: its listing is the plan (or one part of it), its files are read from

@@ -157,21 +157,25 @@ impl fmt::Display for Report {
         if !self.empty_classes.is_empty() || !self.warnings.is_empty() {
             writeln!(f, "  warnings  {} (listed above)", self.empty_classes.len() + self.warnings.len())?;
         }
-        if !self.skipped.is_empty() {
-            writeln!(
-                f,
-                "  skipped   {} (packed + skipped = found: {} + {} = {})",
-                self.skipped.len(),
-                self.packed,
-                self.skipped.len(),
-                self.found
-            )?;
-            for s in &self.skipped {
-                writeln!(f, "    {}: {}", s.path.display(), s.reason)?;
-            }
-        }
-        Ok(())
+        write_skipped(f, &self.skipped, self.packed, self.found)
     }
+}
+
+/// The skipped files of a summary, each with its reason, under the sum that must hold.
+pub(crate) fn write_skipped(
+    f: &mut fmt::Formatter<'_>,
+    skipped: &[Skipped],
+    packed: u64,
+    found: u64,
+) -> fmt::Result {
+    if !skipped.is_empty() {
+        let n = skipped.len();
+        writeln!(f, "  skipped   {n} (packed + skipped = found: {packed} + {n} = {found})")?;
+        for s in skipped {
+            writeln!(f, "    {}: {}", s.path.display(), s.reason)?;
+        }
+    }
+    Ok(())
 }
 
 /// `1234567` as `1.2 MB`: SI units, as disks and `--shard-size 1GB` count.

@@ -32,7 +32,8 @@ fn part_command(plan: &Path, part: &str, to: &str, out: &Path) -> Command {
         "20kB",
     ]);
     if to == "webdataset" {
-        cmd.args(["--shard-size", "60kB"]);
+        // Small shards: each is a checkpoint, so a part can be killed after one, early on.
+        cmd.args(["--shard-size", "60kB", "--shard-samples", "4"]);
     }
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd
@@ -59,10 +60,10 @@ fn comparable(path: &Path) -> (serde_json::Value, Vec<(String, crate::util::Fiel
     (meta, samples)
 }
 
-/// A tree of 8 copies of the test images with two corrupt files at the very start of the
+/// A tree of 16 copies of the test images (so a part outlasts its first chunk of 64 samples) with two corrupt files at the very start of the
 /// plan (so every later part's keys must move down) and one in the last class.
 fn tree_with_skips(dir: &Path) -> PathBuf {
-    let root = big_tree(dir, 8);
+    let root = big_tree(dir, 16);
     fs::copy(testdata().join("bad/zero_bytes.jpg"), root.join("cat/000_zero_bytes.jpg")).unwrap();
     fs::copy(testdata().join("bad/garbage.jpg"), root.join("cat/000_garbage.jpg")).unwrap();
     fs::copy(testdata().join("bad/truncated.jpg"), root.join("texture/99_truncated.jpg")).unwrap();

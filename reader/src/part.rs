@@ -2,12 +2,12 @@
 //! (`pack merge OUT`).
 //!
 //! Each part is a directory `OUT/part-KKKK-of-NNNN` (K counted from 0) holding an ordinary
-//! LMDB or WebDataset output of a contiguous range of the plan's samples, whose metadata carries
+//! LMDB or WebDataset output (shards named with [`shard_prefix`]) of a contiguous range of the plan's samples, whose metadata carries
 //! a [`PartInfo`]. A part is not a dataset on its own: its keys start where its range starts
 //! (the plan index of its first sample), so readers refuse it ([`crate::Meta::unreadable`]) and
 //! point at `pack merge`, which checks that the N parts belong together and writes the
 //! dataset-level files. A merged WebDataset keeps its shards in the part directories and names
-//! them `part-KKKK-of-NNNN/shard-000000.tar` in its metadata and `shardindex.json`
+//! them `part-KKKK-of-NNNN/shard-pKKKK-000000.tar` in its metadata and `shardindex.json`
 //! ([`crate::webdataset::is_shard_name`] accepts exactly that one level of directory).
 
 use serde::{Deserialize, Serialize};
@@ -50,6 +50,15 @@ pub struct SkippedSample {
 pub fn dir_name(index: u64, count: u64) -> String {
     let width = count.to_string().len().max(4);
     format!("part-{index:0width$}-of-{count:0width$}")
+}
+
+/// The shard name prefix part `index` of `count` writes with the dataset's `prefix`:
+/// `shard-p0002`, so its shards are `shard-p0002-000000.tar`, ... File names then differ
+/// across parts, not just their directories: a cache keyed by file name (`wids`' `cache_dir`)
+/// cannot mix up two parts' `shard-000000.tar`.
+pub fn shard_prefix(prefix: &str, index: u64, count: u64) -> String {
+    let width = count.to_string().len().max(4);
+    format!("{prefix}-p{index:0width$}")
 }
 
 /// The `(index, count)` a part directory name stands for, if it is exactly what [`dir_name`]

@@ -561,7 +561,7 @@ impl WebDataset {
 /// directory: a plain file name — not empty, no `/` or `\\` (so not absolute and not in a
 /// subdirectory), no NUL, and not starting with `.` (so neither `.` nor `..`, nor a hidden file
 /// `pack` never writes) — or, in a dataset merged from parts ([`crate::part`]), such a name
-/// inside exactly one part directory (`part-0002-of-0004/shard-000000.tar`). Readers open only
+/// inside exactly one part directory (`part-0002-of-0004/shard-p0002-000000.tar`). Readers open only
 /// shards whose names pass, so a damaged or hostile `imgpack.json` cannot make them read
 /// outside the dataset. A shard that is a symbolic link is followed, as the dataset directory
 /// itself would be: links are the file system owner's choice, not bytes read from the dataset.

@@ -355,8 +355,11 @@ impl Sink for WebDatasetSink {
         index.write_all(&header.encode()).map_err(Error::io(&index_path))?;
         drop(index);
 
-        let wids = WidsIndex::of(&self.shards);
-        write_file(&dir.join(WIDS_INDEX_FILE), &json_bytes(&wids))?;
+        // A part is not a dataset: `wids` is pointed at the merged index, never at a part's.
+        if meta.part.is_none() {
+            let wids = WidsIndex::of(&self.shards);
+            write_file(&dir.join(WIDS_INDEX_FILE), &json_bytes(&wids))?;
+        }
         write_file(&dir.join(META_FILE), &meta_json)?;
         self.syncer.finish()?;
         let bytes = self.shards.iter().map(|s| s.bytes).sum();

@@ -93,12 +93,14 @@ def run(tmp_path_factory, pack_bin) -> Run:
         single[fmt] = base / f"single-{fmt}"
         pack(pack_bin, plan, "-o", single[fmt], *opts, expect=(3,))
         merged[fmt] = out = base / ("train.lmdb" if fmt == "lmdb" else "shards")
-        for k in order:  # parts finish in any order; exit 3 where a part skipped files
+        for k in order:  # parts finish in any order; part 0 holds the first corrupt files
+            exits = (3,) if k == 0 else (0, 3)
             if fmt == "webdataset":
-                pack(pack_bin, plan, "--part", f"{k}/{parts}", "-o", out, *opts, expect=(0, 3))
+                pack(pack_bin, plan, "--part", f"{k}/{parts}", "-o", out, *opts, expect=exits)
             else:  # `--part auto` in a Slurm job array numbered from 5
-                slurm = {"SLURM_ARRAY_TASK_ID": str(k + 5), "SLURM_ARRAY_TASK_MIN": "5", "SLURM_ARRAY_TASK_COUNT": str(parts)}
-                pack(pack_bin, plan, "--part", "auto", "-o", out, *opts, env={**env, **slurm}, expect=(0, 3))
+                slurm = {"SLURM_ARRAY_TASK_ID": str(k + 5), "SLURM_ARRAY_TASK_MIN": "5"}
+                slurm["SLURM_ARRAY_TASK_COUNT"] = str(parts)
+                pack(pack_bin, plan, "--part", "auto", "-o", out, *opts, env={**env, **slurm}, expect=exits)
             assert (out / f"part-{k:04d}-of-{parts:04d}").is_dir(), sorted(p.name for p in out.iterdir())
         summary[fmt] = json.loads(pack(pack_bin, "merge", out, "--json", expect=(3,)).stdout)
 
@@ -120,7 +122,7 @@ def shard_urls(run: Run) -> list[str]:
     urls = [e["url"] for e in json.loads((out / "shardindex.json").read_text(encoding="utf-8"))["shardlist"]]
     on_disk = sorted(p.relative_to(out).as_posix() for p in out.glob("part-*/*.tar"))
     assert urls == on_disk, f"shardindex.json lists {urls}, the part directories hold {on_disk}"
-    parts = [re.fullmatch(r"part-(\d{4})-of-%04d/shard-\d{6}\.tar" % WDS_PARTS, u) for u in urls]
+    parts = [re.fullmatch(r"part-(\d{4})-of-%04d/shard-p\1-\d{6}\.tar" % WDS_PARTS, u) for u in urls]
     assert all(parts), f"not a part shard URL relative to OUT: {urls}"
     per_part = [sum(1 for m in parts if int(m.group(1)) == k) for k in range(WDS_PARTS)]
     assert min(per_part) >= 2, f"shards per part {per_part}; the fixture wants several in each"
@@ -174,12 +176,11 @@ def test_wids_resolves_part_urls_against_the_index(run, tmp_path, monkeypatch):
     shardlist = json.loads((out / "shardindex.json").read_text(encoding="utf-8"))["shardlist"]
     firsts = [sum(e["nsamples"] for e in shardlist[:j]) for j in range(len(shardlist))]
     # The working directory must not help: wids has to join each URL to the directory of
-    # shardindex.json. Its default cache (WIDS_CACHE) names a copy by the whole URL; not
-    # `cache_dir=`, which in wids 0.1.11 names it by the basename alone, so that every part's
-    # shard-000000.tar is served from one file (see the test report; a pack-side issue).
-    monkeypatch.setenv("WIDS_CACHE", str(tmp_path / "wids-cache"))
+    # shardindex.json. With `cache_dir=`, wids 0.1.11 names its copy of a shard by the URL's
+    # file name alone, so shard file names must differ across parts, not only their
+    # directories (part 1's shard-000000.tar once came back as part 0's).
     monkeypatch.chdir(tmp_path)
-    ds = wids.ShardListDataset(str(out / "shardindex.json"), transformations=[])
+    ds = wids.ShardListDataset(str(out / "shardindex.json"), cache_dir=str(tmp_path / "wids-cache"), transformations=[])
     assert len(ds) == run.n
     rng = random.Random(7)
     for i in sorted({run.n - 1, *firsts, *rng.sample(range(run.n), 20)}):
@@ -209,7 +210,7 @@ def test_dali_indexes_in_the_part_directories(run):
         assert [c[2] for c in components if c[0] == sniff_ext(data)] == [len(data)], f"idx sample {i}: {components}"
     # Renumbered: each later part's first key is below its line in the plan.
     for k in range(1, WDS_PARTS):
-        idx = out / f"part-{k:04d}-of-{WDS_PARTS:04d}" / "shard-000000.idx"
+        idx = out / f"part-{k:04d}-of-{WDS_PARTS:04d}" / f"shard-p{k:04d}-000000.idx"
         i = int(idx.read_text().splitlines()[1].split()[3].split(".")[0])
         assert run.planned.index(run.samples[i]) > i, f"part {k} starts at key {i}, its plan position"
 
