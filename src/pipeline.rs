@@ -112,14 +112,20 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
             config.source.display()
         )));
     }
-    let (source, kind): (Box<dyn Source>, &str) =
-        if config.source_kind == SourceKind::Detect && is_packed(&config.source) {
-            let packed = PackedDataset::open(&config.source)?;
-            let kind = packed.kind();
-            (Box::new(packed), kind)
-        } else {
-            (Box::new(ImageFolder::new(&config.source, &config.extensions)), "imagefolder")
-        };
+    let detect = config.source_kind == SourceKind::Detect;
+    if detect && !is_packed(&config.source) && imgpack_reader::part::holds_parts(&config.source) {
+        return Err(Error::BadSource {
+            path: config.source.clone(),
+            reason: "holds parts packed with `--part K/N` that are not merged yet; run `pack merge` on it first, then convert the merged dataset".into(),
+        });
+    }
+    let (source, kind): (Box<dyn Source>, &str) = if detect && is_packed(&config.source) {
+        let packed = PackedDataset::open(&config.source)?;
+        let kind = packed.kind();
+        (Box::new(packed), kind)
+    } else {
+        (Box::new(ImageFolder::new(&config.source, &config.extensions)), "imagefolder")
+    };
     let root = config.source.to_string_lossy().into_owned();
     run(config, Input { source, kind, root, ordered: false, part: None }, bar)
 }

@@ -209,6 +209,9 @@ fn merge_names_missing_unfinished_and_foreign_parts_and_publishes_nothing() {
     assert!(err.contains("part 0 of 3") && err.contains("pack merge"), "{err}");
     let err = imgpack_reader::open(&out).unwrap_err().to_string();
     assert!(err.contains("not merged yet"), "{err}");
+    let converted = pack(&[&out, &"--to", &"lmdb", &"-o", &fx.out("converted")]).assert().code(1);
+    let err = String::from_utf8_lossy(&converted.get_output().stderr).into_owned();
+    assert!(err.contains("not merged yet") && err.contains("pack merge"), "{err}");
     // The right part replaces the foreign one with --overwrite; the other split goes.
     pack(&[&plan, &"--part", &"1/3", &"--to", &"webdataset", &"-o", &out, &"-q", &"--overwrite"])
         .assert()

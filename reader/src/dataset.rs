@@ -55,13 +55,6 @@ pub fn detect(path: &Path) -> Option<Kind> {
     }
 }
 
-/// Whether the directory `path` holds part directories ([`crate::part`]).
-fn has_parts(path: &Path) -> bool {
-    std::fs::read_dir(path).is_ok_and(|entries| {
-        entries.flatten().any(|e| e.file_name().to_str().and_then(crate::part::parse_dir_name).is_some())
-    })
-}
-
 /// Opens the dataset at `path`, detecting its format.
 pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
     let path = path.as_ref();
@@ -69,7 +62,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
         Some(Kind::Lmdb) => LmdbDataset::open(path).map(Dataset::Lmdb),
         Some(Kind::WebDataset) => WebDataset::open(path).map(Dataset::WebDataset),
         None => {
-            let reason = if has_parts(path) {
+            let reason = if crate::part::holds_parts(path) {
                 "holds parts of a dataset packed with `pack PLAN --part K/N` that are not merged yet; run `pack merge` on it when every part is done"
             } else if path.exists() {
                 "neither data.mdb (LMDB) nor imgpack.json (WebDataset) inside; pass a directory written by `pack -o`"

@@ -70,6 +70,13 @@ pub fn parse_dir_name(name: &str) -> Option<(u64, u64)> {
     (index < count && dir_name(index, count) == name).then_some((index, count))
 }
 
+/// Whether the directory `path` holds part directories (merged or not).
+pub fn holds_parts(path: &std::path::Path) -> bool {
+    std::fs::read_dir(path).is_ok_and(|entries| {
+        entries.flatten().any(|e| e.file_name().to_str().and_then(parse_dir_name).is_some())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
