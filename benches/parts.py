@@ -46,6 +46,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pack_vs_tar import loadavg, machine_description, tool_version  # noqa: E402  (shared with the tar benchmark)
+
 REPO = Path(__file__).resolve().parent.parent
 MB = 1e6  # all "MB" in this benchmark are 10^6 bytes
 FORMATS = ("lmdb", "webdataset")
@@ -93,33 +96,6 @@ def settle(seconds: float) -> None:
     benches/README.md, "Reading the numbers", for why this matters on a ballooned VM)."""
     os.sync()
     time.sleep(seconds)
-
-
-def loadavg() -> float | None:
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def tool_version(argv: list[str]) -> str:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
-    except (OSError, IndexError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def machine_description() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Linux {platform.release()}"
 
 
 def part_dir_name(k: int, n: int) -> str:

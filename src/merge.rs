@@ -435,37 +435,27 @@ fn merge_lmdb(out: &Path, parts: &[FoundPart], meta: &Meta, options: &MergeOptio
                 format!("{} checksums for {} samples", table.samples.len(), part.meta.samples),
             ));
         }
+        // Sample `j` of the part: its key must be the part's `first + j`, its CRC the table's;
+        // it is stored under its merged key.
         let width = part.meta.key_width;
-        let mut batch: Vec<PackedSample> = Vec::new();
-        let mut batch_bytes = 0u64;
-        let mut current: Option<(String, Vec<(String, Vec<u8>)>)> = None;
         let mut j = 0u64;
-        let finish_sample = |key: String,
-                             fields: Vec<(String, Vec<u8>)>,
-                             j: &mut u64,
-                             batch: &mut Vec<PackedSample>|
-         -> Result<u64> {
-            let expected = format_key(part.info.first + *j, width);
-            if key != expected {
-                return Err(damaged(
-                    &key,
-                    format!("expected key {expected} (keys of a part run without gaps)"),
-                ));
+        let mut merged = |mut sample: PackedSample| -> Result<PackedSample> {
+            let expected = format_key(part.info.first + j, width);
+            if sample.key != expected {
+                let reason = format!("expected key {expected} (a part's keys run without gaps)");
+                return Err(damaged(&sample.key, reason));
             }
-            let sample =
-                PackedSample { key: format_key(part.new_first + *j, width), fields, crcs: Vec::new() };
-            let want = table.samples.get(*j as usize).copied();
-            if want != Some(sample.crc()) {
-                return Err(damaged(
-                    &key,
-                    format!("CRC-32 {:08x}, its checksum table says {want:08x?}", sample.crc()),
-                ));
+            let (want, got) = (table.samples.get(j as usize).copied(), sample.crc());
+            if want != Some(got) {
+                let reason = format!("CRC-32 {got:08x}, its checksum table says {want:08x?}");
+                return Err(damaged(&sample.key, reason));
             }
-            *j += 1;
-            let bytes = sample.bytes();
-            batch.push(sample);
-            Ok(bytes)
+            sample.key = format_key(part.new_first + j, width);
+            j += 1;
+            Ok(sample)
         };
+        let mut batch: Vec<PackedSample> = Vec::new();
+        let mut collecting: Option<PackedSample> = None;
         for record in db.iter(&txn).map_err(err)? {
             let (name, value) = record.map_err(err)?;
             if name.starts_with(b"__") {
@@ -474,22 +464,21 @@ fn merge_lmdb(out: &Path, parts: &[FoundPart], meta: &Meta, options: &MergeOptio
             let name = String::from_utf8_lossy(name);
             let (key, ext) =
                 split_field_name(&name).ok_or_else(|| damaged(&name, "not {key}.{ext}".into()))?;
-            if current.as_ref().is_some_and(|(k, _)| k != key) {
-                let (k, fields) = current.take().expect("checked");
-                batch_bytes += finish_sample(k, fields, &mut j, &mut batch)?;
-                if batch_bytes >= 32 << 20 {
-                    sink.write_batch(&batch)?;
-                    batch.clear();
-                    batch_bytes = 0;
+            if collecting.as_ref().is_none_or(|s| s.key != key) {
+                if let Some(done) = collecting.take() {
+                    batch.push(merged(done)?);
+                    if batch.iter().map(PackedSample::bytes).sum::<u64>() >= 32 << 20 {
+                        sink.write_batch(&batch)?;
+                        batch.clear();
+                    }
                 }
+                collecting =
+                    Some(PackedSample { key: key.to_string(), fields: Vec::new(), crcs: Vec::new() });
             }
-            current
-                .get_or_insert_with(|| (key.to_string(), Vec::new()))
-                .1
-                .push((ext.to_string(), value.to_vec()));
+            collecting.as_mut().expect("set above").fields.push((ext.to_string(), value.to_vec()));
         }
-        if let Some((k, fields)) = current.take() {
-            finish_sample(k, fields, &mut j, &mut batch)?;
+        if let Some(done) = collecting.take() {
+            batch.push(merged(done)?);
         }
         sink.write_batch(&batch)?;
         if j != part.meta.samples {

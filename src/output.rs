@@ -145,6 +145,33 @@ fn remove_any(path: &Path) -> Result<()> {
     }
 }
 
+/// The bytes the regular files directly inside `dir` take (what a part or dataset occupies);
+/// 0 for what cannot be read.
+pub fn disk_usage(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .map(|entries| {
+            entries.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Replaces the file at `path` with `bytes` atomically and durably: written beside it under its
+/// temporary name ([`temp_path`]), synced, renamed over it, and the directory synced.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let temp = temp_path(path);
+    let write = || -> std::io::Result<()> {
+        let mut file = fs::File::create(&temp)?;
+        std::io::Write::write_all(&mut file, bytes)?;
+        file.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&temp);
+        return Err(Error::io(&temp)(e));
+    }
+    fs::rename(&temp, path).map_err(Error::io(path))?;
+    sync_file(&parent_of(path))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,31 +203,4 @@ mod tests {
         assert!(!target.exists());
         assert!(!temp.exists(), "an abandoned temporary is removed");
     }
-}
-
-/// The bytes the regular files directly inside `dir` take (what a part or dataset occupies);
-/// 0 for what cannot be read.
-pub fn disk_usage(dir: &Path) -> u64 {
-    fs::read_dir(dir)
-        .map(|entries| {
-            entries.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
-        })
-        .unwrap_or(0)
-}
-
-/// Replaces the file at `path` with `bytes` atomically and durably: written beside it under its
-/// temporary name ([`temp_path`]), synced, renamed over it, and the directory synced.
-pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let temp = temp_path(path);
-    let write = || -> std::io::Result<()> {
-        let mut file = fs::File::create(&temp)?;
-        std::io::Write::write_all(&mut file, bytes)?;
-        file.sync_all()
-    };
-    if let Err(e) = write() {
-        let _ = fs::remove_file(&temp);
-        return Err(Error::io(&temp)(e));
-    }
-    fs::rename(&temp, path).map_err(Error::io(path))?;
-    sync_file(&parent_of(path))
 }

@@ -276,7 +276,7 @@ impl Source for PlanSource {
                 })?;
                 let path =
                     self.root.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&rel_path));
-                Ok(SourceSample { index: i as u64, path, rel_path, class: s.class, size: s.size })
+                Ok(SourceSample { index: i, path, rel_path, class: s.class, size: s.size })
             })
             .collect::<Result<_>>()?;
         Ok(Listing {
