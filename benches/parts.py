@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pack_vs_tar import loadavg, machine_description, tool_version  # noqa: E402  (shared with the tar benchmark)
+from pack_vs_tar import loadavg, machine_description, tool_version, warm_up  # noqa: E402  (shared with the tar benchmark)
 
 REPO = Path(__file__).resolve().parent.parent
 MB = 1e6  # all "MB" in this benchmark are 10^6 bytes
@@ -78,17 +78,6 @@ def tree_files(root: Path) -> list[Path]:
         dirnames.sort()
         files.extend(Path(dirpath) / f for f in sorted(filenames))
     return [p for p in files if p.is_file()]
-
-
-def warm_up(files: list[Path]) -> float:
-    """Reads every file once so the timed runs start from a warm page cache."""
-    started = time.perf_counter()
-    buf = bytearray(1 << 20)
-    for p in files:
-        with open(p, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
-    return time.perf_counter() - started
 
 
 def settle(seconds: float) -> None:
