@@ -16,7 +16,8 @@ use imgpack::transcode::{Decode, DecodeOptions, Filter, Mode, Reencode, Resize, 
 /// converted into the other format (or unpacked into a tree), anything else is packed as an
 /// ImageFolder tree. `pack imagefolder --help` lists every option. `pack bench-read PATH...`
 /// measures random reads of trees and packed datasets on this machine's storage. `pack verify
-/// OUT` checks a packed dataset end to end.
+/// OUT` checks a packed dataset end to end. On a cluster: `pack plan SRC -o PLAN` once, `pack
+/// PLAN --part K/N ... -o OUT` on each machine, then `pack merge OUT`.
 ///
 /// Exit codes: 0 everything packed; 1 error, nothing published; 2 bad usage;
 /// 3 finished, but some files were skipped (listed in the summary); 130 interrupted (Ctrl-C),
