@@ -32,6 +32,14 @@ pub enum Error {
         /// The output path.
         path: PathBuf,
     },
+    /// Another run is writing the same output right now.
+    #[error("{}: another pack run is writing it right now (it holds the lock {}); wait for that run to finish, or stop it, then run this again", path.display(), lock.display())]
+    Busy {
+        /// The output.
+        path: PathBuf,
+        /// The lock file the other run holds.
+        lock: PathBuf,
+    },
     /// LMDB refused an operation.
     #[error("{}: LMDB error: {source}{hint}", path.display())]
     Lmdb {

@@ -157,6 +157,7 @@ pub fn merge(out: &Path, options: &MergeOptions) -> Result<Merged> {
             out.display()
         )));
     }
+    let _lock = crate::output::OutputLock::acquire(out)?;
     let mut merged = if imgpack_reader::detect(out).is_some() {
         already_merged(out, options)?
     } else {

@@ -19,6 +19,57 @@ pub struct Staged {
     target: PathBuf,
     temp: PathBuf,
     overwrite: bool,
+    /// Held until the run ends, so a second run cannot write the same output meanwhile.
+    _lock: OutputLock,
+}
+
+/// A lock on an output: an exclusive `flock` on `.NAME.imgpack-lock` beside it, held by the
+/// one run writing it.
+///
+/// Two runs writing one output — a job submitted twice, a scheduler re-running a task whose
+/// first attempt still runs — would otherwise share one temporary directory and could publish
+/// a mix of both. The second run fails at once instead. On a file system without locks (some
+/// network mounts) runs are not protected, as without this lock. The lock file is removed when
+/// the lock is released.
+#[derive(Debug)]
+pub struct OutputLock {
+    file: Option<(fs::File, PathBuf)>,
+}
+
+impl OutputLock {
+    /// Takes the lock of `target`, or fails naming the run that holds it.
+    pub fn acquire(target: &Path) -> Result<OutputLock> {
+        let mut name = std::ffi::OsString::from(".");
+        name.push(target.file_name().unwrap_or_default());
+        name.push(".imgpack-lock");
+        let path = parent_of(target).join(name);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(Error::io(&path))?;
+        // SAFETY: flock on a file descriptor this function owns.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } == 0
+        {
+            return Ok(OutputLock { file: Some((file, path)) });
+        }
+        let error = std::io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => Err(Error::Busy { path: target.to_path_buf(), lock: path }),
+            Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS) => Ok(OutputLock { file: None }),
+            _ => Err(Error::io(&path)(error)),
+        }
+    }
+}
+
+impl Drop for OutputLock {
+    fn drop(&mut self) {
+        if let Some((file, path)) = self.file.take() {
+            let _ = fs::remove_file(&path);
+            drop(file);
+        }
+    }
 }
 
 impl Staged {
@@ -46,9 +97,10 @@ impl Staged {
                 parent.display()
             )));
         }
+        let lock = OutputLock::acquire(target)?;
         let temp = temp_path(target);
         let journal = if temp.is_dir() { Journal::read(&temp)? } else { None };
-        let staged = Staged { target: target.to_path_buf(), temp, overwrite };
+        let staged = Staged { target: target.to_path_buf(), temp, overwrite, _lock: lock };
         if resume && journal.is_some() {
             return Ok((staged, journal, false));
         }

@@ -349,3 +349,26 @@ fn an_interrupted_part_run_again_differently_starts_over_with_a_warning() {
     assert_eq!(meta["options"]["quality"].as_u64(), Some(50));
     assert!(!temp.exists());
 }
+
+#[test]
+fn the_same_part_started_twice_at_once_is_written_by_one_run_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = big_tree(dir.path(), 8);
+    let plan = dir.path().join("t.plan");
+    pack(&[&"plan", &root, &"-o", &plan, &"-q"]).assert().code(0);
+    let out = dir.path().join("wds");
+    let temp = out.join(".part-0000-of-0002.imgpack-tmp");
+    let first = part_command(&plan, "0/2", "webdataset", &out).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !temp.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let second = part_command(&plan, "0/2", "webdataset", &out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("another pack run is writing it right now"), "{stderr}");
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(0), "{}", String::from_utf8_lossy(&first.stderr));
+    let left: Vec<_> = fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["part-0000-of-0002"], "no lock or temporary left behind");
+}
