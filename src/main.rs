@@ -195,7 +195,7 @@ fn plan(args: &cli::PlanArgs) -> imgpack::Result<u8> {
 /// `pack verify`: check a dataset, print every problem, exit 1 if there is any.
 fn verify(args: &cli::VerifyArgs) -> imgpack::Result<u8> {
     let options = args.to_options()?;
-    let bar = progress_bar(args.output.quiet, VERIFY_BAR);
+    let bar = progress_bar(args.output.quiet, BYTES_BAR);
     bar.set_length(imgpack::verify::dataset_bytes(&args.path));
     let verified = imgpack::verify::verify(&args.path, &options, &|done| bar.set_position(done))?;
     bar.finish_and_clear();
@@ -212,7 +212,8 @@ fn verify(args: &cli::VerifyArgs) -> imgpack::Result<u8> {
 /// `pack merge OUT`: merge the parts in OUT and report.
 fn merge(args: &cli::MergeArgs) -> imgpack::Result<u8> {
     let options = args.to_options()?;
-    let merged = imgpack::merge::merge(&args.path, &options)?;
+    let bar = progress_bar(args.output.quiet, BYTES_BAR);
+    let merged = imgpack::merge::merge(&args.path, &options, &bar)?;
     print_summary(&args.output, &merged);
     Ok(merged.exit_code() as u8)
 }
@@ -229,8 +230,8 @@ fn print_summary(output: &cli::OutputArgs, summary: &(impl serde::Serialize + st
     }
 }
 
-/// `pack verify`'s progress bar: bytes read of the dataset's size.
-const VERIFY_BAR: &str = "{spinner} {elapsed_precise} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}";
+/// `pack verify`'s and `pack merge`'s progress bar: bytes read (copied) of the total.
+const BYTES_BAR: &str = "{spinner} {elapsed_precise} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}";
 
 /// Packing's progress bar: files done of files found.
 const PACK_BAR: &str =

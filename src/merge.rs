@@ -41,6 +41,7 @@ use imgpack_reader::webdataset::{
     BLOCK, INDEX_ENTRY_LEN, INDEX_HEADER_LEN, INDEX_VERSION, META_FILE, SAMPLE_INDEX_FILE, WIDS_INDEX_FILE,
 };
 use imgpack_reader::{Meta, ShardInfo, FORMAT_VERSION, UNFINISHED_SUFFIX};
+use indicatif::ProgressBar;
 use md5::{Digest, Md5};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -148,8 +149,9 @@ impl FoundPart {
     }
 }
 
-/// Merges the parts in `out` into one dataset there. See the module documentation.
-pub fn merge(out: &Path, options: &MergeOptions) -> Result<Merged> {
+/// Merges the parts in `out` into one dataset there. See the module documentation. The bar
+/// (hidden or not) shows the bytes copied (LMDB) or rewritten (WebDataset with moved keys).
+pub fn merge(out: &Path, options: &MergeOptions, bar: &ProgressBar) -> Result<Merged> {
     let started = Instant::now();
     if !out.is_dir() {
         return Err(Error::Usage(format!(
@@ -179,9 +181,9 @@ pub fn merge(out: &Path, options: &MergeOptions) -> Result<Merged> {
             ..first.meta.clone()
         };
         let bytes_out = if meta.format == imgpack_reader::lmdb::FORMAT_NAME {
-            merge_lmdb(out, &parts, &meta, options)?
+            merge_lmdb(out, &parts, &meta, options, bar)?
         } else {
-            merge_webdataset(out, &parts, &mut meta, options)?
+            merge_webdataset(out, &parts, &mut meta, options, bar)?
         };
         Merged {
             kind: "merge",
@@ -399,11 +401,18 @@ fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
 const LMDB_STAGE: &str = ".merged";
 
 /// Copies the part databases into one in `out`; returns its size.
-fn merge_lmdb(out: &Path, parts: &[FoundPart], meta: &Meta, options: &MergeOptions) -> Result<u64> {
+fn merge_lmdb(
+    out: &Path,
+    parts: &[FoundPart],
+    meta: &Meta,
+    options: &MergeOptions,
+    bar: &ProgressBar,
+) -> Result<u64> {
     use heed::types::Bytes;
     let stage = out.join(LMDB_STAGE);
     let hint: u64 = parts.iter().map(|p| fs::metadata(p.dir.join("data.mdb")).map_or(0, |m| m.len())).sum();
     let mut sink = Box::new(LmdbSink::start(Staged::create_dir(&stage, true)?, hint, CHECKPOINT_BYTES)?);
+    bar.set_length(hint);
     for part in parts {
         let damaged = |key: &str, reason: String| Error::Merge {
             path: out.to_path_buf(),
@@ -470,6 +479,7 @@ fn merge_lmdb(out: &Path, parts: &[FoundPart], meta: &Meta, options: &MergeOptio
                     batch.push(merged(done)?);
                     if batch.iter().map(PackedSample::bytes).sum::<u64>() >= 32 << 20 {
                         sink.write_batch(&batch)?;
+                        bar.inc(batch.iter().map(PackedSample::bytes).sum());
                         batch.clear();
                     }
                 }
@@ -482,13 +492,16 @@ fn merge_lmdb(out: &Path, parts: &[FoundPart], meta: &Meta, options: &MergeOptio
             batch.push(merged(done)?);
         }
         sink.write_batch(&batch)?;
+        bar.inc(batch.iter().map(PackedSample::bytes).sum());
         if j != part.meta.samples {
             return Err(damaged("-", format!("holds {j} samples, its metadata says {}", part.meta.samples)));
         }
         drop(txn);
         env.prepare_for_closing().wait();
     }
+    bar.set_message("syncing to disk");
     let finished = sink.finish(meta)?;
+    bar.finish_and_clear();
     // Publish: lock file first, then data.mdb — a data.mdb in OUT is a finished dataset.
     for file in ["lock.mdb", "data.mdb"] {
         let (from, to) = (finished.path.join(file), out.join(file));
@@ -506,7 +519,15 @@ fn merge_lmdb(out: &Path, parts: &[FoundPart], meta: &Meta, options: &MergeOptio
 
 /// Writes the dataset-level files of a WebDataset merged from `parts` (renumbering the parts
 /// that need it first); `meta` gets the shard list. Returns the dataset's size.
-fn merge_webdataset(out: &Path, parts: &[FoundPart], meta: &mut Meta, options: &MergeOptions) -> Result<u64> {
+fn merge_webdataset(
+    out: &Path,
+    parts: &[FoundPart],
+    meta: &mut Meta,
+    options: &MergeOptions,
+    bar: &ProgressBar,
+) -> Result<u64> {
+    let moved = parts.iter().filter(|p| p.renumbered()).flat_map(|p| &p.meta.shards).map(|s| s.bytes).sum();
+    bar.set_length(moved);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(options.threads.max(1))
         .build()
@@ -526,7 +547,9 @@ fn merge_webdataset(out: &Path, parts: &[FoundPart], meta: &mut Meta, options: &
                     .par_iter()
                     .map(|shard| {
                         let range = shard.first as usize..(shard.first + shard.samples) as usize;
-                        renumber_shard(part, shard, &entries[range])
+                        let renumbered = renumber_shard(part, shard, &entries[range]);
+                        bar.inc(shard.bytes);
+                        renumbered
                     })
                     .collect()
             });
@@ -560,6 +583,7 @@ fn merge_webdataset(out: &Path, parts: &[FoundPart], meta: &mut Meta, options: &
     replace_file(&out.join(WIDS_INDEX_FILE), &json_bytes(&WidsIndex::of(&meta.shards)))?;
     // Last: a directory with imgpack.json is a finished dataset.
     replace_file(&out.join(META_FILE), &meta_json)?;
+    bar.finish_and_clear();
     Ok(dataset_bytes(out, meta))
 }
 
