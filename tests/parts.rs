@@ -372,3 +372,54 @@ fn the_same_part_started_twice_at_once_is_written_by_one_run_only() {
     let left: Vec<_> = fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, ["part-0000-of-0002"], "no lock or temporary left behind");
 }
+
+#[test]
+fn a_merge_interrupted_while_rewriting_headers_is_finished_by_running_it_again() {
+    let fx = Fixture::new();
+    fx.add_bad("cat", "garbage.jpg"); // early in the plan: the later parts' keys move down
+    let plan = fx.out("t.plan");
+    pack(&[&"plan", &fx.tree(), &"-o", &plan, &"-q"]).assert().code(0);
+    let out = fx.out("wds");
+    for k in 0..3 {
+        let part = format!("{k}/3");
+        pack(&[
+            &plan,
+            &"--part",
+            &part,
+            &"--to",
+            &"webdataset",
+            &"-o",
+            &out,
+            &"-q",
+            &"--shard-samples",
+            &"3",
+        ])
+        .assert()
+        .code(if k == 0 { 3 } else { 0 });
+    }
+    let before = fx.out("before-merge");
+    crate::util::copy_tree(&out, &before);
+    pack(&[&"merge", &out, &"-q"]).assert().code(3);
+    let merged = dump(&out);
+    let meta_bytes = fs::read(out.join("imgpack.json")).unwrap();
+    // As if killed halfway through: part 2's first shard and its .idx still as packed, the
+    // others rewritten, and no imgpack.json yet.
+    let part2 = "part-0002-of-0003";
+    let shard = fs::read_dir(out.join(part2))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| n.ends_with("-000000.tar"))
+        .unwrap();
+    let idx = shard.replace(".tar", ".idx");
+    for name in [&shard, &idx] {
+        let (old, now) = (before.join(part2).join(name), out.join(part2).join(name));
+        assert_ne!(fs::read(&old).unwrap(), fs::read(&now).unwrap(), "{name} was rewritten by the merge");
+        fs::copy(old, now).unwrap();
+    }
+    fs::remove_file(out.join("imgpack.json")).unwrap();
+    assert!(imgpack_reader::open(&out).is_err());
+    pack(&[&"merge", &out, &"-q"]).assert().code(3);
+    assert_eq!(fs::read(out.join("imgpack.json")).unwrap(), meta_bytes);
+    assert!(dump(&out) == merged, "the second merge gives the first one's dataset");
+    pack(&[&"verify", &out, &"-q"]).assert().code(0);
+}
