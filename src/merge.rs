@@ -455,6 +455,8 @@ fn merge_lmdb(
                 let reason = format!("expected key {expected} (a part's keys run without gaps)");
                 return Err(damaged(&sample.key, reason));
             }
+            // Each field's CRC once, here: the sink reuses them for the merged checksum table.
+            sample.crcs = sample.fields.iter().map(|(_, bytes)| crc32(bytes)).collect();
             let (want, got) = (table.samples.get(j as usize).copied(), sample.crc());
             if want != Some(got) {
                 let reason = format!("CRC-32 {got:08x}, its checksum table says {want:08x?}");
