@@ -410,9 +410,9 @@ pub struct PackArgs {
     /// merge OUT` joins the parts when all are done.
     ///
     /// SRC must be a plan (`pack plan`). Parts are contiguous ranges of the plan with about
-    /// equal bytes. `auto` takes K and N from a Slurm job array (SLURM_ARRAY_TASK_ID minus
-    /// SLURM_ARRAY_TASK_MIN, SLURM_ARRAY_TASK_COUNT); `auto/N` takes K from a Slurm array or a
-    /// Kubernetes Indexed Job (JOB_COMPLETION_INDEX). Running a finished part again does
+    /// equal bytes. `auto` takes K and N from a Slurm job array ((SLURM_ARRAY_TASK_ID -
+    /// SLURM_ARRAY_TASK_MIN) / SLURM_ARRAY_TASK_STEP, SLURM_ARRAY_TASK_COUNT); `auto/N` takes
+    /// K from a Slurm array or a Kubernetes Indexed Job (JOB_COMPLETION_INDEX). Running a finished part again does
     /// nothing; running an interrupted one continues it (no --resume needed).
     ///
     /// Example: pack train.plan --part $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT --to webdataset -o shards/

@@ -30,7 +30,8 @@ pub struct Part {
 
 impl Part {
     /// Parses `--part`: `K/N`, or `auto` for K and N from a Slurm job array
-    /// (`SLURM_ARRAY_TASK_ID` minus `SLURM_ARRAY_TASK_MIN`, `SLURM_ARRAY_TASK_COUNT`), or
+    /// (`SLURM_ARRAY_TASK_ID` minus `SLURM_ARRAY_TASK_MIN`, over `SLURM_ARRAY_TASK_STEP`;
+    /// `SLURM_ARRAY_TASK_COUNT`), or
     /// `auto/N` for K from a Slurm array or a Kubernetes Indexed Job (`JOB_COMPLETION_INDEX`).
     /// `env` looks a variable up (`std::env::var` outside tests).
     pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> std::result::Result<Part, String> {
@@ -52,11 +53,14 @@ impl Part {
         let index = if k == "auto" {
             if let Some(id) = var("SLURM_ARRAY_TASK_ID") {
                 let id = number("SLURM_ARRAY_TASK_ID", &id)?;
-                let min =
-                    var("SLURM_ARRAY_TASK_MIN").map(|m| number("SLURM_ARRAY_TASK_MIN", &m)).transpose()?;
-                id.checked_sub(min.unwrap_or(0)).ok_or_else(|| {
-                    format!("--part {text:?}: SLURM_ARRAY_TASK_ID {id} is below SLURM_ARRAY_TASK_MIN")
-                })?
+                let optional = |name: &str| var(name).map(|v| number(name, &v)).transpose();
+                let min = optional("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
+                // An array with a step (--array=0-30:2) numbers its tasks min, min+step, ...
+                let step = optional("SLURM_ARRAY_TASK_STEP")?.unwrap_or(1).max(1);
+                let offset = id.checked_sub(min).ok_or_else(|| {
+                    format!("--part {text:?}: SLURM_ARRAY_TASK_ID {id} is below SLURM_ARRAY_TASK_MIN {min}")
+                })?;
+                offset / step
             } else if let Some(index) = var("JOB_COMPLETION_INDEX") {
                 number("JOB_COMPLETION_INDEX", &index)?
             } else {
@@ -260,6 +264,14 @@ mod tests {
             ("SLURM_ARRAY_TASK_COUNT", "4"),
         ]);
         assert_eq!(Part::parse("auto", &from_one), Ok(Part { index: 3, count: 4 }));
+        // And one with a step (--array=10-16:2: tasks 10, 12, 14, 16).
+        let stepped = env(&[
+            ("SLURM_ARRAY_TASK_ID", "14"),
+            ("SLURM_ARRAY_TASK_MIN", "10"),
+            ("SLURM_ARRAY_TASK_STEP", "2"),
+            ("SLURM_ARRAY_TASK_COUNT", "4"),
+        ]);
+        assert_eq!(Part::parse("auto", &stepped), Ok(Part { index: 2, count: 4 }));
         let k8s = env(&[("JOB_COMPLETION_INDEX", "1")]);
         assert_eq!(Part::parse("auto/3", &k8s), Ok(Part { index: 1, count: 3 }));
         let err = Part::parse("auto", &k8s).unwrap_err();
