@@ -147,25 +147,37 @@ impl Plan {
         };
         let file = File::open(path).map_err(Error::io(path))?;
         let decoder = zstd::stream::Decoder::new(BufReader::new(file)).map_err(|e| bad(e.to_string()))?;
-        let mut lines = BufReader::new(decoder).lines();
-        let first = lines.next().ok_or_else(|| bad("it is empty".into()))?.map_err(|e| bad(e.to_string()))?;
-        let header: Header = serde_json::from_str(&first).map_err(|e| bad(format!("header: {e}")))?;
+        let mut reader = BufReader::with_capacity(1 << 20, decoder);
+        let mut line = String::new();
+        let mut next_line = |line: &mut String, n: u64| -> Result<bool> {
+            line.clear();
+            let read = reader.read_line(line).map_err(|e| bad(format!("line {n}: {e}")))?;
+            Ok(read > 0)
+        };
+        if !next_line(&mut line, 1)? {
+            return Err(bad("it is empty".into()));
+        }
+        let header: Header = serde_json::from_str(&line).map_err(|e| bad(format!("header: {e}")))?;
         if header.format != FORMAT_NAME || header.version != PLAN_VERSION {
             return Err(bad(format!(
                 "header says {:?} version {}; this pack reads {FORMAT_NAME} version {PLAN_VERSION}",
                 header.format, header.version
             )));
         }
+        /// What a part needs of every line, to place its cut: parsed without allocating.
+        #[derive(Deserialize)]
+        struct Size {
+            size: u64,
+        }
         let share = part.map_or(header.samples, |p| header.samples / p.count + 1);
         let mut samples = Vec::with_capacity(share.min(1 << 24) as usize);
         let (mut seen, mut bytes, mut first) = (0u64, 0u64, None);
-        for (n, line) in lines.enumerate() {
-            let line = line.map_err(|e| bad(format!("line {}: {e}", n + 2)))?;
-            let sample: Planned =
-                serde_json::from_str(&line).map_err(|e| bad(format!("line {}: {e}", n + 2)))?;
+        while next_line(&mut line, seen + 2)? {
+            let n = seen + 2;
+            let size = serde_json::from_str::<Size>(&line).map_err(|e| bad(format!("line {n}: {e}")))?.size;
             let (i, before) = (seen, bytes);
             seen += 1;
-            bytes = bytes.saturating_add(sample.size);
+            bytes = bytes.saturating_add(size);
             if let Some(p) = part {
                 if first.is_none() && p.reached(i, before, header.bytes, header.samples) {
                     first = Some(i);
@@ -174,13 +186,9 @@ impl Plan {
                     continue;
                 }
             }
+            let sample: Planned = serde_json::from_str(&line).map_err(|e| bad(format!("line {n}: {e}")))?;
             if sample.class as usize >= header.classes.len() {
-                return Err(bad(format!(
-                    "line {}: class {} of {}",
-                    n + 2,
-                    sample.class,
-                    header.classes.len()
-                )));
+                return Err(bad(format!("line {n}: class {} of {}", sample.class, header.classes.len())));
             }
             samples.push(sample);
         }
