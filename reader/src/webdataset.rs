@@ -349,9 +349,9 @@ impl WebDataset {
     /// an [`Error`], never a panic: the metadata must parse (with a sane `key_width`, see
     /// [`Meta::key_width`]); `imgpack.index` must hold exactly one entry per sample (its sample
     /// count sizes nothing until the file's length agrees with it) and, in a version-2 dataset,
-    /// the CRC of the metadata; every shard must be a plain file name inside `path`
-    /// ([`is_shard_name`]: no `/`, `..`, absolute path or NUL) and a regular file of the length
-    /// the metadata records. Every file is opened without blocking and refused unless it is a
+    /// the CRC of the metadata; every shard must be a plain file name inside `path`, or inside
+    /// one part directory of it ([`is_shard_name`]: no `..`, absolute path or NUL), and a
+    /// regular file of the length the metadata records. Every file is opened without blocking and refused unless it is a
     /// regular file, so a FIFO or a device planted under a dataset name cannot hang or flood the
     /// reader. The index entries themselves are checked when read, by [`WebDataset::get`], so
     /// opening stays as cheap as reading the metadata.
@@ -610,6 +610,29 @@ mod tests {
     fn datasets_are_send_and_sync() {
         assert_send_sync::<WebDataset>();
         assert_send_sync::<crate::Dataset>();
+    }
+
+    #[test]
+    fn shard_names_stay_inside_the_dataset_and_one_part_directory() {
+        for good in ["shard-000000.tar", "x", "part-0002-of-0004/shard-p0002-000000.tar"] {
+            assert!(is_shard_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            ".hidden.tar",
+            "..",
+            "../x.tar",
+            "/etc/passwd",
+            "a/b.tar",
+            "part-0002-of-0004/../x.tar",
+            "part-0002-of-0004/a/b.tar",
+            "part-0002-of-0004/",
+            "part-4-of-4/x.tar",
+            "part-0002-of-0004\\x.tar",
+            "x\0.tar",
+        ] {
+            assert!(!is_shard_name(bad), "{bad:?}");
+        }
     }
 
     #[test]
