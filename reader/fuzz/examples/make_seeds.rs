@@ -47,6 +47,16 @@ fn main() {
         parts.extend(shards.iter().map(Vec::as_slice));
         put("webdataset", name, &join(&parts));
     }
+    // The same dataset as a merge of one part would list it: shards in a part directory.
+    let mut merged: serde_json::Value = serde_json::from_slice(&meta_bytes).unwrap();
+    for (n, shard) in merged["shards"].as_array_mut().unwrap().iter_mut().enumerate() {
+        shard["name"] = format!("part-0000-of-0001/shard-p0000-{n:06}.tar").into();
+    }
+    let merged = serde_json::to_vec(&merged).unwrap();
+    let flag = [all | flags::VERIFY];
+    let mut parts: Vec<&[u8]> = vec![&flag, &merged, &index];
+    parts.extend(shards.iter().map(Vec::as_slice));
+    put("webdataset", "merged", &join(&parts));
     for (n, shard) in shards.iter().enumerate() {
         put("tar_member", &format!("shard-{n}"), &[&[0, 0][..], shard].concat());
     }
@@ -99,7 +109,7 @@ fn main() {
 /// Makes sure the whole-dataset seeds reach the readers' depths: written by the harness, each
 /// opens and every sample reads back, checksums checked where the seed asks for it.
 fn check_seeds(seeds: &Path) {
-    for name in ["intact", "repaired", "verified"] {
+    for name in ["intact", "repaired", "verified", "merged"] {
         let data = fs::read(seeds.join("webdataset").join(name)).unwrap();
         let dir = fresh_dir("seed-wds").join("ds");
         fs::create_dir(&dir).unwrap();

@@ -96,7 +96,8 @@ pub fn fresh_dir(name: &str) -> PathBuf {
 }
 
 /// Writes the WebDataset of `data` (parts: flags, `imgpack.json`, `imgpack.index`, shards
-/// named `shard-000000.tar`, ...) into `dir`, and a copy of the first shard as `outside.tar`
+/// named `shard-000000.tar`, ..., and again `part-0000-of-0001/shard-p0000-000000.tar`, ...)
+/// into `dir`, and a copy of the first shard as `outside.tar`
 /// next to it, so a shard name that climbs out (`../outside.tar`) would find a real shard. Returns
 /// the flags.
 pub fn write_webdataset(dir: &Path, data: &[u8]) -> u8 {
@@ -152,8 +153,13 @@ pub fn write_webdataset(dir: &Path, data: &[u8]) -> u8 {
 
     std::fs::write(dir.join(META_FILE), &meta).expect("write metadata");
     std::fs::write(dir.join(SAMPLE_INDEX_FILE), &index).expect("write index");
+    // Each shard also as a merged dataset's part would hold it, so metadata naming shards in a
+    // part directory (`part-0000-of-0001/shard-p0000-000000.tar`) finds them too.
+    let part_dir = dir.join("part-0000-of-0001");
+    std::fs::create_dir(&part_dir).expect("part directory");
     for (n, shard) in shards.iter().enumerate() {
         std::fs::write(dir.join(format!("shard-{n:06}.tar")), shard).expect("write shard");
+        std::fs::write(part_dir.join(format!("shard-p0000-{n:06}.tar")), shard).expect("write part shard");
     }
     if let (Some(parent), Some(first)) = (dir.parent(), shards.first()) {
         std::fs::write(parent.join("outside.tar"), first).expect("write outside shard");
@@ -223,13 +229,20 @@ pub fn write_lmdb(dir: &Path, data: &[u8]) -> u8 {
     flags
 }
 
-/// Whether a shard name read from the metadata names a file directly in the dataset directory:
-/// checked here independently of the reader's own rule, as one path component.
+/// Whether a shard name the reader accepted names a file inside the dataset directory: one
+/// plain component, or a part directory (`part-0000-of-0004`) and one plain component — the
+/// name exactly, with nothing `Path` would normalise away.
 pub fn stays_inside(name: &str) -> bool {
-    let mut components = Path::new(name).components();
+    let components: Vec<Component<'_>> = Path::new(name).components().collect();
     !name.contains('\0')
-        && matches!(components.next(), Some(Component::Normal(c)) if c == name)
-        && components.next().is_none()
+        && match components[..] {
+            [Component::Normal(file)] => file == name,
+            [Component::Normal(dir), Component::Normal(file)] => {
+                dir.to_str().and_then(imgpack_reader::part::parse_dir_name).is_some()
+                    && format!("{}/{}", dir.to_string_lossy(), file.to_string_lossy()) == name
+            }
+            _ => false,
+        }
 }
 
 /// What every sample the reader returns must satisfy, whatever the bytes on disk: its own key,
