@@ -423,3 +423,18 @@ fn a_merge_interrupted_while_rewriting_headers_is_finished_by_running_it_again()
     assert!(dump(&out) == merged, "the second merge gives the first one's dataset");
     pack(&[&"verify", &out, &"-q"]).assert().code(0);
 }
+
+#[test]
+fn a_shuffled_plan_packed_in_parts_merges_into_the_shuffled_single_run() {
+    let fx = Fixture::new();
+    let plan = fx.out("shuffled.plan");
+    pack(&[&"plan", &fx.tree(), &"-o", &plan, &"-q", &"--shuffle", &"--seed", &"11"]).assert().code(0);
+    let single = fx.out("single");
+    pack(&[&plan, &"--to", &"lmdb", &"-o", &single, &"-q"]).assert().code(0);
+    let out = fx.out("parts");
+    for k in ["2/3", "0/3", "1/3"] {
+        pack(&[&plan, &"--part", &k, &"--to", &"lmdb", &"-o", &out, &"-q"]).assert().code(0);
+    }
+    pack(&[&"merge", &out, &"-q"]).assert().code(0);
+    assert_eq!(crate::util::contents(&out), crate::util::contents(&single), "identical key by key");
+}
