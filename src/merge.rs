@@ -223,28 +223,20 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
     let meta = dataset.meta().clone();
     let lmdb = meta.format == imgpack_reader::lmdb::FORMAT_NAME;
     drop(dataset);
-    let mut parts = Vec::new();
-    for (name, _) in part_dirs(out)?.0 {
-        if let Some(meta) = crate::parts::read_meta(&out.join(&name))? {
-            parts.push(meta);
-        }
+    let dirs: Vec<PathBuf> = part_dirs(out)?.0.into_iter().map(|(name, _)| out.join(name)).collect();
+    let mut infos: Vec<PartInfo> = Vec::new();
+    for dir in &dirs {
+        infos.extend(crate::parts::read_meta(dir)?.and_then(|meta| meta.part));
     }
     if lmdb {
         remove_if_present(&out.join(LMDB_STAGE))?;
         if !options.keep_parts {
-            for (name, _) in part_dirs(out)?.0 {
-                fs::remove_dir_all(out.join(&name)).map_err(Error::io(out.join(&name)))?;
+            for dir in &dirs {
+                fs::remove_dir_all(dir).map_err(Error::io(dir))?;
             }
         }
     }
-    let infos: Vec<PartInfo> = parts.iter().filter_map(|m| m.part.clone()).collect();
-    let count = meta
-        .shards
-        .iter()
-        .filter_map(|s| s.name.split_once('/'))
-        .map(|(d, _)| d)
-        .collect::<BTreeSet<_>>()
-        .len();
+    let count = shard_dirs(&meta).len();
     Ok(Merged {
         kind: "merge",
         output: out.to_path_buf(),
@@ -260,11 +252,15 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
     })
 }
 
+/// The part directories a merged dataset's shards are in.
+fn shard_dirs(meta: &Meta) -> BTreeSet<&str> {
+    meta.shards.iter().filter_map(|s| s.name.split_once('/')).map(|(dir, _)| dir).collect()
+}
+
 /// The bytes of the files in `out`, and in the part directories its shards are in.
 fn dataset_bytes(out: &Path, meta: &Meta) -> u64 {
-    let dirs: BTreeSet<&str> =
-        meta.shards.iter().filter_map(|s| s.name.split_once('/')).map(|(d, _)| d).collect();
-    crate::output::disk_usage(out) + dirs.iter().map(|d| crate::output::disk_usage(&out.join(d))).sum::<u64>()
+    let parts = shard_dirs(meta).into_iter().map(|d| crate::output::disk_usage(&out.join(d)));
+    crate::output::disk_usage(out) + parts.sum::<u64>()
 }
 
 fn remove_if_present(path: &Path) -> Result<()> {
@@ -423,14 +419,8 @@ fn merge_lmdb(
                 part.dir.display()
             ),
         };
-        let err = |source| Error::Lmdb { path: part.dir.clone(), source, hint: String::new() };
-        let mut env_options = heed::EnvOpenOptions::new().read_txn_without_tls();
-        // SAFETY: read-only, without the lock file: a finished part is never written again.
-        let env = unsafe {
-            env_options.flags(heed::EnvFlags::READ_ONLY | heed::EnvFlags::NO_LOCK);
-            env_options.open(&part.dir)
-        }
-        .map_err(err)?;
+        let err = crate::parts::lmdb_error(&part.dir);
+        let env = crate::parts::open_lmdb(&part.dir)?;
         let txn = env.read_txn().map_err(err)?;
         let db: heed::Database<Bytes, Bytes> =
             env.open_database(&txn, None).map_err(err)?.ok_or_else(|| damaged("-", "no database".into()))?;

@@ -187,17 +187,27 @@ pub fn read_meta(dir: &Path) -> Result<Option<Meta>> {
     Ok(Some(meta))
 }
 
-/// The `__meta__` record of the LMDB environment in `dir`, if it has one.
-fn read_lmdb_meta(dir: &Path) -> Result<Option<Vec<u8>>> {
-    use heed::types::Bytes;
-    let err = |source| Error::Lmdb { path: dir.to_path_buf(), source, hint: String::new() };
+/// Opens the LMDB environment of the finished part in `dir` to read it.
+pub(crate) fn open_lmdb(dir: &Path) -> Result<heed::Env<heed::WithoutTls>> {
     let mut options = heed::EnvOpenOptions::new().read_txn_without_tls();
     // SAFETY: read-only and without the lock file: a finished part is never written again.
-    let env = unsafe {
+    unsafe {
         options.flags(heed::EnvFlags::READ_ONLY | heed::EnvFlags::NO_LOCK);
         options.open(dir)
     }
-    .map_err(err)?;
+    .map_err(lmdb_error(dir))
+}
+
+/// The error of an LMDB call on the part in `dir`.
+pub(crate) fn lmdb_error(dir: &Path) -> impl Fn(heed::Error) -> Error + Copy + '_ {
+    move |source| Error::Lmdb { path: dir.to_path_buf(), source, hint: String::new() }
+}
+
+/// The `__meta__` record of the LMDB environment in `dir`, if it has one.
+fn read_lmdb_meta(dir: &Path) -> Result<Option<Vec<u8>>> {
+    use heed::types::Bytes;
+    let err = lmdb_error(dir);
+    let env = open_lmdb(dir)?;
     let txn = env.read_txn().map_err(err)?;
     let db: Option<heed::Database<Bytes, Bytes>> = env.open_database(&txn, None).map_err(err)?;
     let raw = match db {

@@ -35,8 +35,9 @@ pub const JOURNAL_FILE: &str = "imgpack-resume.json";
 pub const LISTING_FILE: &str = "imgpack-resume.listing.zst";
 /// The LMDB sink's per-sample checksums up to the last checkpoint.
 pub const SUMS_FILE: &str = "imgpack-resume.sums";
-/// The next journal, before it replaces the last one.
-const JOURNAL_TEMP: &str = "imgpack-resume.json.tmp";
+/// The next journal, before it replaces the last one: the temporary name
+/// [`crate::output::replace_file`] gives it.
+const JOURNAL_TEMP: &str = ".imgpack-resume.json.imgpack-tmp";
 /// Every file a run may leave in a temporary directory for resuming (removed before publishing).
 pub const FILES: [&str; 4] = [JOURNAL_FILE, LISTING_FILE, SUMS_FILE, JOURNAL_TEMP];
 
@@ -110,14 +111,7 @@ impl Journal {
 
     /// Replaces the journal in `dir` atomically and durably.
     pub fn write(&self, dir: &Path) -> Result<()> {
-        let temp = dir.join(JOURNAL_TEMP);
-        let mut bytes = serde_json::to_vec_pretty(self).expect("journal serialises");
-        bytes.push(b'\n');
-        let mut file = File::create(&temp).map_err(Error::io(&temp))?;
-        file.write_all(&bytes).and_then(|()| file.sync_all()).map_err(Error::io(&temp))?;
-        let path = dir.join(JOURNAL_FILE);
-        fs::rename(&temp, &path).map_err(Error::io(&path))?;
-        File::open(dir).and_then(|d| d.sync_all()).map_err(Error::io(dir))
+        crate::output::replace_file(&dir.join(JOURNAL_FILE), &crate::sink::webdataset::json_bytes(self))
     }
 }
 
@@ -371,6 +365,12 @@ pub fn changes(saved: &SavedListing, listing: &Listing, stamps: &[Stamp]) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_journal_temp_is_the_name_replace_file_writes() {
+        let temp = crate::output::temp_path(&Path::new("dir").join(JOURNAL_FILE));
+        assert_eq!(temp, Path::new("dir").join(JOURNAL_TEMP));
+    }
 
     fn sample(position: u64, rel: &str, class: u32) -> SourceSample {
         SourceSample { index: position, path: rel.into(), rel_path: rel.as_bytes().to_vec(), class, size: 0 }
