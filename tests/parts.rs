@@ -8,9 +8,8 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use crate::util::{big_tree, dump, pack, testdata, Dump, Fixture};
+use crate::util::{big_tree, dump, pack, testdata, wait_for, Dump, Fixture};
 
 fn bin() -> PathBuf {
     assert_cmd::cargo::cargo_bin("pack")
@@ -116,10 +115,7 @@ fn four_parts_merged_read_exactly_like_one_part_and_like_a_single_run() {
         // Part 2 killed after its first checkpoint, then run again with the same command.
         let temp = four.join(".part-0002-of-0004.imgpack-tmp");
         let mut child = part_command(&plan, "2/4", to, &four).spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !temp.join("imgpack-resume.json").exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        wait_for(&temp.join("imgpack-resume.json"));
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!four.join("part-0002-of-0004").exists(), "{to}: part 2 finished before it was killed");
@@ -327,10 +323,7 @@ fn an_interrupted_part_run_again_differently_starts_over_with_a_warning() {
     let out = dir.path().join("wds");
     let temp = out.join(".part-0000-of-0002.imgpack-tmp");
     let mut child = part_command(&plan, "0/2", "webdataset", &out).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !temp.join("imgpack-resume.json").exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    wait_for(&temp.join("imgpack-resume.json"));
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(temp.join("imgpack-resume.json").exists() && !out.join("part-0000-of-0002").exists());
@@ -359,10 +352,7 @@ fn the_same_part_started_twice_at_once_is_written_by_one_run_only() {
     let out = dir.path().join("wds");
     let temp = out.join(".part-0000-of-0002.imgpack-tmp");
     let first = part_command(&plan, "0/2", "webdataset", &out).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !temp.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    wait_for(&temp);
     let second = part_command(&plan, "0/2", "webdataset", &out).output().unwrap();
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert_eq!(second.status.code(), Some(1), "{stderr}");

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{big_tree, contents, pack};
+use crate::util::{big_tree, contents, pack, wait_for};
 
 /// The arguments of one run: re-encoding makes it slow enough to kill halfway.
 fn args(src: &Path, out: &Path, to: &str) -> Vec<std::ffi::OsString> {
@@ -134,10 +134,7 @@ fn interrupt_after_a_checkpoint(
 ) -> std::process::Output {
     let child = command(args).spawn().unwrap();
     let journal = temp_of(out).join("imgpack-resume.json");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !journal.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for(&journal);
     unsafe { libc::kill(child.id() as i32, signal) };
     child.wait_with_output().unwrap()
 }
@@ -279,10 +276,7 @@ fn ctrl_c_while_unpacking_publishes_nothing() {
     .unwrap();
     // The temporary appears once the handler is installed and the run has started.
     let temp = temp_of(&out);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !temp.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    wait_for(&temp);
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let stopped = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&stopped.stderr);

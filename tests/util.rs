@@ -146,6 +146,15 @@ pub fn contents(out: &Path) -> BTreeMap<String, Vec<u8>> {
     }
 }
 
+/// Waits until `path` exists (a run's temporary or journal appears), for at most a minute:
+/// what follows fails with its own message if it never does.
+pub fn wait_for(path: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !path.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
 /// A tree of `copies` x the 31 testdata images, so a run lasts long enough to be interrupted.
 pub fn big_tree(dir: &Path, copies: usize) -> PathBuf {
     let root = dir.join("src");
