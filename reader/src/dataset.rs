@@ -25,25 +25,6 @@ pub enum Kind {
     WebDataset,
 }
 
-/// The end of the name of the directory a `pack` run writes into (`.NAME.imgpack-tmp` beside its
-/// output `NAME`) until it renames it into place. Just before that rename the directory holds a
-/// complete-looking dataset, so readers refuse any path with this ending: such a directory is an
-/// unfinished run by name, whatever it holds.
-pub const UNFINISHED_SUFFIX: &str = ".imgpack-tmp";
-
-/// Whether `path` names an unfinished run's directory ([`UNFINISHED_SUFFIX`]).
-pub fn is_unfinished(path: &Path) -> bool {
-    path.file_name().is_some_and(|name| name.as_encoded_bytes().ends_with(UNFINISHED_SUFFIX.as_bytes()))
-}
-
-/// The error for a path that [`is_unfinished`].
-pub(crate) fn unfinished(path: &Path) -> Error {
-    Error::NotADataset {
-        path: path.to_path_buf(),
-        reason: "this is the temporary directory of a `pack` run that has not finished (or was interrupted); open the output it is renamed to when done, or continue the run with `pack ... --resume`".into(),
-    }
-}
-
 /// Tells which format the dataset at `path` is in, without opening it.
 pub fn detect(path: &Path) -> Option<Kind> {
     if path.join("data.mdb").is_file() {

@@ -40,11 +40,13 @@ pub mod lmdb;
 mod meta;
 pub mod part;
 mod sample;
+mod unfinished;
 pub mod webdataset;
 
-pub use dataset::{detect, is_unfinished, open, Dataset, Kind, UNFINISHED_SUFFIX};
+pub use dataset::{detect, open, Dataset, Kind};
 pub use error::{Error, Result};
 pub use format::ImageFormat;
 pub use lmdb::Prefetch;
 pub use meta::{Meta, ShardInfo, SourceInfo, FORMAT_VERSION};
 pub use sample::{Field, Sample, SampleInfo};
+pub use unfinished::{is_unfinished, UNFINISHED_SUFFIX};

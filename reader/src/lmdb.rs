@@ -83,9 +83,7 @@ impl LmdbDataset {
     /// never a panic or an allocation sized by it. LMDB's own pages are liblmdb's to check.
     pub fn open_with(path: impl AsRef<Path>, prefetch: Prefetch) -> Result<LmdbDataset> {
         let path: Arc<Path> = Arc::from(path.as_ref());
-        if crate::is_unfinished(&path) {
-            return Err(crate::dataset::unfinished(&path));
-        }
+        crate::unfinished::refuse(&path)?;
         if !path.join("data.mdb").is_file() {
             return Err(Error::NotADataset {
                 path: path.to_path_buf(),

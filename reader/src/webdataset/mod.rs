@@ -99,9 +99,7 @@ impl WebDataset {
     /// opening stays as cheap as reading the metadata.
     pub fn open(path: impl AsRef<Path>) -> Result<WebDataset> {
         let path: Arc<Path> = Arc::from(path.as_ref());
-        if crate::is_unfinished(&path) {
-            return Err(crate::dataset::unfinished(&path));
-        }
+        crate::unfinished::refuse(&path)?;
         let not_dataset = |reason: String| Error::NotADataset { path: path.to_path_buf(), reason };
         // A missing file is reported as what it means for the dataset, not as a bare I/O error.
         let missing = |e: Error, what: &str| match e {
