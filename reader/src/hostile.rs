@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use heed::types::Bytes;
-use heed::{Database, EnvOpenOptions};
+use heed::Database;
 use serde_json::{json, Value};
 
 use crate::checksum::{crc32, crc32_parts, Table, TABLE_KEY};
@@ -502,8 +502,7 @@ fn lmdb(dir: &Path, samples: u64, edit: impl FnOnce(&mut BTreeMap<Vec<u8>, Vec<u
 }
 
 fn write_lmdb(dir: &Path, records: &BTreeMap<Vec<u8>, Vec<u8>>) {
-    // SAFETY: a fresh directory that nothing else opens while the test writes it.
-    let env = unsafe { EnvOpenOptions::new().map_size(1 << 22).open(dir).unwrap() };
+    let env = crate::lmdb::env::create(dir, 1 << 22).unwrap();
     let mut txn = env.write_txn().unwrap();
     let db: Database<Bytes, Bytes> = env.create_database(&mut txn, None).unwrap();
     for (k, v) in records {

@@ -9,7 +9,9 @@
 //! `set_range(b"00000042.")` lands on sample 42's first field and its fields follow it.
 //!
 //! Readers open the environment read-only and without the lock file: a published dataset is
-//! never written again, and this way it also reads from read-only and shared mounts.
+//! never written again, and this way it also reads from read-only and shared mounts. They open it
+//! through [`open_env`] (in `env.rs`), the one place that opens LMDB, which also lets two readers
+//! of one path in one process share the environment that heed allows only once.
 //!
 //! # Cold reads
 //!
@@ -27,7 +29,11 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 
 use heed::types::Bytes;
-use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
+use heed::{Database, Env, RoTxn, WithoutTls};
+
+pub(crate) mod env;
+
+pub use env::open_env;
 
 use crate::key::{format_key, is_valid_extension, split_field_name, META_KEY};
 use crate::{Error, Field, Meta, Result, Sample, FORMAT_VERSION};
@@ -39,7 +45,8 @@ pub const FORMAT_NAME: &str = "imgpack-lmdb";
 /// (behind an `Arc` or by reference) and read from all of them at once.
 pub struct LmdbDataset {
     path: Arc<Path>,
-    env: Env<WithoutTls>,
+    /// Shared with every other handle on this environment in the process ([`open_env`]).
+    env: Arc<Env<WithoutTls>>,
     db: Database<Bytes, Bytes>,
     meta: Meta,
     /// CRC-32 of the `__meta__` record as read.
@@ -81,25 +88,15 @@ impl LmdbDataset {
     /// checksum algorithm, and promise no more samples than the database holds (see
     /// `missing_samples`). A damaged record is [`Error::BadMeta`] or [`Error::NotADataset`],
     /// never a panic or an allocation sized by it. LMDB's own pages are liblmdb's to check.
+    ///
+    /// The environment comes from [`open_env`], so opening a dataset that is already open in
+    /// this process (by another `open`, or by anything else that opens through [`open_env`])
+    /// succeeds and shares its environment.
     pub fn open_with(path: impl AsRef<Path>, prefetch: Prefetch) -> Result<LmdbDataset> {
         let path: Arc<Path> = Arc::from(path.as_ref());
         crate::unfinished::refuse(&path)?;
-        if !path.join("data.mdb").is_file() {
-            return Err(Error::NotADataset {
-                path: path.to_path_buf(),
-                reason: "no data.mdb inside; pass the directory that `pack --to lmdb -o` created".into(),
-            });
-        }
+        let env = open_env(&path)?;
         let lmdb_err = |source| Error::Lmdb { path: path.to_path_buf(), source };
-        let mut options = EnvOpenOptions::new().read_txn_without_tls();
-        // SAFETY: the flags make LMDB open the map read-only and skip the lock file. A dataset is
-        // immutable once `pack` has published it, so no writer can change the pages under us; a
-        // file truncated or rewritten by someone else is the one hazard, as with any memory map.
-        let env = unsafe {
-            options.flags(EnvFlags::READ_ONLY | EnvFlags::NO_LOCK | EnvFlags::NO_READ_AHEAD);
-            options.open(&*path)
-        }
-        .map_err(lmdb_err)?;
         let txn = env.read_txn().map_err(lmdb_err)?;
         let db: Database<Bytes, Bytes> =
             env.open_database(&txn, None).map_err(lmdb_err)?.ok_or_else(|| Error::NotADataset {
@@ -373,8 +370,7 @@ impl Iterator for Iter<'_> {
 #[doc(hidden)]
 pub fn write_example(path: &Path) -> std::result::Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(path)?;
-    // SAFETY: a fresh directory that nothing else opens while the example runs.
-    let env = unsafe { EnvOpenOptions::new().map_size(1 << 20).open(path)? };
+    let env = env::create(path, 1 << 20)?;
     let mut txn = env.write_txn()?;
     let db: Database<Bytes, Bytes> = env.create_database(&mut txn, None)?;
     let samples =
@@ -439,7 +435,7 @@ mod tests {
         write_example(dir.path()).unwrap();
         let big: Vec<u8> = (0..50_000u32).map(|i| (i * 31 % 251) as u8).collect();
         {
-            let env = unsafe { EnvOpenOptions::new().map_size(1 << 20).open(dir.path()).unwrap() };
+            let env = env::create(dir.path(), 1 << 20).unwrap();
             let mut txn = env.write_txn().unwrap();
             let db: Database<Bytes, Bytes> = env.open_database(&txn, None).unwrap().unwrap();
             db.put(&mut txn, b"00000001.png", &big).unwrap();
@@ -483,7 +479,7 @@ mod tests {
     fn a_database_without_meta_is_incomplete() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let env = unsafe { EnvOpenOptions::new().map_size(1 << 20).open(dir.path()).unwrap() };
+            let env = env::create(dir.path(), 1 << 20).unwrap();
             let mut txn = env.write_txn().unwrap();
             let db: Database<Bytes, Bytes> = env.create_database(&mut txn, None).unwrap();
             db.put(&mut txn, b"00000000.cls", b"0").unwrap();
