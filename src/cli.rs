@@ -684,7 +684,8 @@ impl PackArgs {
         config.resume = self.resume;
         if let Some(part) = &self.part {
             let env = |name: &str| std::env::var(name).ok();
-            config.part = Some(imgpack::parts::Part::parse(part, env).map_err(imgpack::Error::Usage)?);
+            config.part =
+                Some(imgpack::cluster::split::Part::parse(part, env).map_err(imgpack::Error::Usage)?);
         }
         if let Some(size) = self.checkpoint_bytes {
             config.checkpoint_bytes = size.0.max(1);

@@ -90,7 +90,7 @@ pub struct PackConfig {
     /// What happens to each image (`--mode` and its settings).
     pub transcoder: Transcoder,
     /// Pack only this part of a plan ([`crate::parts`]) into `output/part-KKKK-of-NNNN`.
-    pub part: Option<crate::parts::Part>,
+    pub part: Option<crate::cluster::split::Part>,
 }
 
 impl PackConfig {

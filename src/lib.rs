@@ -14,8 +14,11 @@
 //! [`bench`](mod@bench) is `pack bench-read`: random-read latency of trees and packed datasets.
 
 pub mod bench;
+pub mod cluster;
 pub mod config;
+pub mod encoding;
 mod error;
+pub mod fs;
 pub mod interrupt;
 pub mod merge;
 pub mod output;

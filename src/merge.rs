@@ -46,10 +46,12 @@ use md5::{Digest, Md5};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::output::{replace_file, Staged};
+use crate::encoding::{hex, json_bytes};
+use crate::fs::replace_file;
+use crate::output::Staged;
 use crate::report::{human_bytes, Skipped};
 use crate::sink::lmdb::{LmdbSink, CHECKPOINT_BYTES};
-use crate::sink::webdataset::{hex, json_bytes, ustar_header};
+use crate::sink::webdataset::ustar_header;
 use crate::sink::{PackedSample, Sink};
 use crate::{Error, Result};
 
@@ -259,8 +261,8 @@ fn shard_dirs(meta: &Meta) -> BTreeSet<&str> {
 
 /// The bytes of the files in `out`, and in the part directories its shards are in.
 fn dataset_bytes(out: &Path, meta: &Meta) -> u64 {
-    let parts = shard_dirs(meta).into_iter().map(|d| crate::output::disk_usage(&out.join(d)));
-    crate::output::disk_usage(out) + parts.sum::<u64>()
+    let parts = shard_dirs(meta).into_iter().map(|d| crate::fs::disk_usage(&out.join(d)));
+    crate::fs::disk_usage(out) + parts.sum::<u64>()
 }
 
 fn remove_if_present(path: &Path) -> Result<()> {
@@ -525,7 +527,7 @@ fn merge_webdataset(
         .build()
         .map_err(|e| Error::Usage(format!("cannot start {} threads: {e}", options.threads)))?;
     let index_path = out.join(SAMPLE_INDEX_FILE);
-    let index_temp = crate::output::temp_path(&index_path);
+    let index_temp = crate::fs::temp_path(&index_path);
     let io = Error::io(&index_temp);
     let mut index = BufWriter::new(File::create(&index_temp).map_err(io)?);
     index.write_all(&[0; INDEX_HEADER_LEN]).map_err(Error::io(&index_temp))?;

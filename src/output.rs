@@ -3,14 +3,17 @@
 //! A run writes under a temporary name next to the output (`.NAME.imgpack-tmp`) and renames it
 //! into place only once everything is written and synced. An interrupted run therefore never
 //! leaves anything at the output path that could be mistaken for a complete dataset; what it
-//! leaves is visibly temporary. Once a run has written a checkpoint journal there
-//! ([`crate::resume`]), the temporary is kept when the run stops early, for `--resume`; the next
-//! run without `--resume` clears it.
+//! leaves is visibly temporary.
+//!
+//! Publishing knows nothing of what writes into the temporary. Its owner tells it which files
+//! are scratch ([`Staged::scratch`]: removed before publishing, like the resume journal or the
+//! LMDB sink's checksum file) and which file, when present, means the temporary is worth
+//! keeping after a failed run ([`Staged::keep_if`]: the checkpoint journal, for `--resume`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::resume::Journal;
+use crate::fs::{parent_of, remove_any, sync_file, sync_tree, temp_path};
 use crate::{Error, Result};
 
 /// An output being written under a temporary name.
@@ -19,6 +22,10 @@ pub struct Staged {
     target: PathBuf,
     temp: PathBuf,
     overwrite: bool,
+    /// Files in the temporary that are not part of the output: removed before publishing.
+    scratch: Vec<&'static str>,
+    /// A file whose presence keeps the temporary when the run stops without publishing.
+    keep_if: Option<&'static str>,
     /// Held until the run ends, so a second run cannot write the same output meanwhile.
     _lock: OutputLock,
 }
@@ -76,13 +83,17 @@ impl Staged {
     /// Prepares to write `target`: refuses an existing one unless `overwrite`, clears the
     /// leftovers of an interrupted run, and creates the temporary directory.
     pub fn create_dir(target: &Path, overwrite: bool) -> Result<Staged> {
-        Ok(Staged::open_dir(target, overwrite, false)?.0)
+        Ok(Staged::open_dir(target, overwrite, |_| Ok(false))?.0)
     }
 
-    /// Like [`Staged::create_dir`], but with `resume` an interrupted run's temporary that holds
-    /// a journal is kept and its journal returned. The flag says whether such a temporary was
-    /// there and discarded (without `resume`).
-    pub fn open_dir(target: &Path, overwrite: bool, resume: bool) -> Result<(Staged, Option<Journal>, bool)> {
+    /// Like [`Staged::create_dir`], but an interrupted run's temporary directory is offered to
+    /// `reuse` first: when it answers `true` the temporary is kept as it is, otherwise it is
+    /// cleared. Returns whether it was kept.
+    pub fn open_dir(
+        target: &Path,
+        overwrite: bool,
+        reuse: impl FnOnce(&Path) -> Result<bool>,
+    ) -> Result<(Staged, bool)> {
         if target.symlink_metadata().is_ok() && !overwrite {
             return Err(Error::OutputExists { path: target.to_path_buf() });
         }
@@ -99,14 +110,30 @@ impl Staged {
         }
         let lock = OutputLock::acquire(target)?;
         let temp = temp_path(target);
-        let journal = if temp.is_dir() { Journal::read(&temp)? } else { None };
-        let staged = Staged { target: target.to_path_buf(), temp, overwrite, _lock: lock };
-        if resume && journal.is_some() {
-            return Ok((staged, journal, false));
+        let reused = temp.is_dir() && reuse(&temp)?;
+        if !reused {
+            remove_any(&temp)?;
+            fs::create_dir(&temp).map_err(Error::io(&temp))?;
         }
-        remove_any(&staged.temp)?;
-        fs::create_dir(&staged.temp).map_err(Error::io(&staged.temp))?;
-        Ok((staged, None, journal.is_some()))
+        let staged = Staged {
+            target: target.to_path_buf(),
+            temp,
+            overwrite,
+            scratch: Vec::new(),
+            keep_if: None,
+            _lock: lock,
+        };
+        Ok((staged, reused))
+    }
+
+    /// Marks `name` in the temporary as scratch: removed before publishing, never published.
+    pub fn scratch(&mut self, name: &'static str) {
+        self.scratch.push(name);
+    }
+
+    /// Keeps the temporary when the run stops without publishing, if `name` exists in it then.
+    pub fn keep_if(&mut self, name: &'static str) {
+        self.keep_if = Some(name);
     }
 
     /// Where to write.
@@ -122,7 +149,7 @@ impl Staged {
     /// Syncs every file and directory below the temporary directory, renames it to the target
     /// (replacing an old one) and syncs the parent directory so the rename itself is durable.
     pub fn publish(self) -> Result<()> {
-        for name in crate::resume::FILES {
+        for name in &self.scratch {
             let path = self.temp.join(name);
             if path.exists() {
                 fs::remove_file(&path).map_err(Error::io(&path))?;
@@ -145,83 +172,15 @@ impl Staged {
 }
 
 impl Drop for Staged {
-    /// A run that stops with an error removes its temporary, unless it holds a checkpoint
-    /// journal (then it is kept for `--resume`); after [`Staged::publish`] there is nothing left
-    /// at the temporary path. (A killed process runs no destructor; the next run deals with
-    /// what it left.)
+    /// A run that stops with an error removes its temporary, unless it holds the file named by
+    /// [`Staged::keep_if`] (a checkpoint journal, kept for `--resume`); after
+    /// [`Staged::publish`] there is nothing left at the temporary path. (A killed process runs
+    /// no destructor; the next run deals with what it left.)
     fn drop(&mut self) {
-        if !self.temp.join(crate::resume::JOURNAL_FILE).exists() {
+        if !self.keep_if.is_some_and(|name| self.temp.join(name).exists()) {
             let _ = remove_any(&self.temp);
         }
     }
-}
-
-/// The temporary directory a run writing `target` uses: `.NAME.imgpack-tmp` beside it.
-pub fn temp_path(target: &Path) -> PathBuf {
-    let mut name = std::ffi::OsString::from(".");
-    name.push(target.file_name().unwrap_or_default());
-    name.push(imgpack_reader::UNFINISHED_SUFFIX);
-    parent_of(target).join(name)
-}
-
-fn parent_of(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
-/// Syncs a directory, and everything below it, to disk.
-fn sync_tree(dir: &Path) -> Result<()> {
-    for entry in fs::read_dir(dir).map_err(Error::io(dir))? {
-        let entry = entry.map_err(Error::io(dir))?;
-        let path = entry.path();
-        if entry.file_type().map_err(Error::io(&path))?.is_dir() {
-            sync_tree(&path)?;
-        } else {
-            sync_file(&path)?;
-        }
-    }
-    sync_file(dir)
-}
-
-fn sync_file(path: &Path) -> Result<()> {
-    fs::File::open(path).and_then(|f| f.sync_all()).map_err(Error::io(path))
-}
-
-fn remove_any(path: &Path) -> Result<()> {
-    match path.symlink_metadata() {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(path).map_err(Error::io(path)),
-        Ok(_) => fs::remove_file(path).map_err(Error::io(path)),
-        Err(_) => Ok(()),
-    }
-}
-
-/// The bytes the regular files directly inside `dir` take (what a part or dataset occupies);
-/// 0 for what cannot be read.
-pub fn disk_usage(dir: &Path) -> u64 {
-    fs::read_dir(dir)
-        .map(|entries| {
-            entries.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
-        })
-        .unwrap_or(0)
-}
-
-/// Replaces the file at `path` with `bytes` atomically and durably: written beside it under its
-/// temporary name ([`temp_path`]), synced, renamed over it, and the directory synced.
-pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let temp = temp_path(path);
-    let write = || -> std::io::Result<()> {
-        let mut file = fs::File::create(&temp)?;
-        std::io::Write::write_all(&mut file, bytes)?;
-        file.sync_all()
-    };
-    if let Err(e) = write() {
-        let _ = fs::remove_file(&temp);
-        return Err(Error::io(&temp)(e));
-    }
-    fs::rename(&temp, path).map_err(Error::io(path))?;
-    sync_file(&parent_of(path))
 }
 
 #[cfg(test)]

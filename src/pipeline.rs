@@ -23,14 +23,14 @@ use crate::config::{OnError, OutputFormat, PackConfig, SourceKind};
 use crate::output::Staged;
 use crate::plan::{Plan, PlanSource};
 use crate::report::Report;
-use crate::resume::{self, Journal, Ledger, Outcome, Stamp};
+use crate::resume::{self, Journal, Ledger, Outcome};
 use crate::sink::imagefolder::{safe_relative, ImageFolderSink};
 use crate::sink::lmdb::LmdbSink;
 use crate::sink::webdataset::WebDatasetSink;
 use crate::sink::{Durable, PackedSample, Sink};
 use crate::source::dataset::{is_packed, PackedDataset};
 use crate::source::imagefolder::ImageFolder;
-use crate::source::{Listing, Source, SourceSample};
+use crate::source::{Listing, Source, SourceSample, Stamp};
 use crate::transcode::{Image, Transcoder};
 use crate::{Error, Result};
 
@@ -215,7 +215,7 @@ fn run(config: &PackConfig, input: Input, bar: &ProgressBar) -> Result<Report> {
             opened
         }
     };
-    let temp = crate::output::temp_path(&config.output);
+    let temp = crate::fs::temp_path(&config.output);
     let checkpoint = |sink: &mut Box<dyn Sink>, ledger: &mut Ledger, now: bool| -> Result<()> {
         if let Some(durable) = sink.checkpoint(now)? {
             let progress = ledger.checkpoint(durable.samples, durable.shards).clone();
@@ -348,7 +348,7 @@ fn open_resumable(
     total_bytes: u64,
     report: &mut Report,
 ) -> Result<(Box<dyn Sink>, Ledger)> {
-    let (staged, journal, discarded) = Staged::open_dir(&config.output, config.overwrite, config.resume)?;
+    let (staged, journal, discarded) = resume::stage(&config.output, config.overwrite, config.resume)?;
     // A part resumes by itself, whether or not there is anything to resume.
     if config.resume && journal.is_none() && config.part.is_none() {
         report.warnings.push(format!(
@@ -394,7 +394,7 @@ fn open_resumable(
         // A part resumes without being asked to, so what cannot be resumed starts over.
         report.warnings.push(format!("started the part over, as {reason}"));
         drop(staged);
-        return fresh(Staged::open_dir(&config.output, config.overwrite, false)?.0);
+        return fresh(resume::stage(&config.output, config.overwrite, false)?.0);
     }
     let durable = Durable { samples: journal.progress.packed, shards: journal.progress.shards.clone() };
     let sink: Box<dyn Sink> = match &config.format {

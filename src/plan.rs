@@ -14,9 +14,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::parts::Part;
-use crate::resume::Stamp;
-use crate::source::{Listing, Source, SourceSample};
+use crate::cluster::split::Part;
+use crate::source::{Listing, Source, SourceSample, Stamp};
 use crate::{Error, Result};
 
 /// The `format` value of a plan's header.
@@ -119,7 +118,7 @@ impl Plan {
 
     /// Writes the plan to `path` atomically (a temporary beside it, synced, then renamed).
     pub fn write(&self, path: &Path) -> Result<()> {
-        let temp = crate::output::temp_path(path);
+        let temp = crate::fs::temp_path(path);
         let write = || -> std::io::Result<()> {
             let mut out = zstd::stream::Encoder::new(BufWriter::new(File::create(&temp)?), 3)?;
             serde_json::to_writer(&mut out, &self.header)?;
@@ -311,4 +310,67 @@ fn planned_path(sample: &Planned) -> std::result::Result<Vec<u8>, String> {
     // The same test that keeps an unpacked tree inside its output keeps reads inside the root.
     crate::sink::imagefolder::safe_relative(&bytes)?;
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reading_a_part_of_a_plan_keeps_exactly_its_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let sizes = [5u64, 100, 1, 1, 1, 300, 2, 0, 9];
+        let sample = |(i, &size): (usize, &u64)| Planned {
+            path: format!("c/{i}.jpg"),
+            path_hex: None,
+            class: 0,
+            size,
+            mtime_ns: 1,
+        };
+        let plan = Plan {
+            header: Header {
+                format: FORMAT_NAME.into(),
+                version: PLAN_VERSION,
+                tool: crate::TOOL.into(),
+                root: "r".into(),
+                root_abs: "/r".into(),
+                options: serde_json::json!({}),
+                classes: vec!["c".into()],
+                empty_classes: vec![],
+                warnings: vec![],
+                samples: sizes.len() as u64,
+                bytes: sizes.iter().sum(),
+            },
+            samples: sizes.iter().enumerate().map(sample).collect(),
+            first: 0,
+        };
+        let path = dir.path().join("p.plan");
+        plan.write(&path).unwrap();
+        for count in [1, 2, 3, 5, 12] {
+            let mut next = 0;
+            for index in 0..count {
+                let part = Part { index, count };
+                let read = Plan::read(&path, Some(part)).unwrap();
+                let range = part.range(&sizes);
+                assert_eq!(read.first, next, "{index}/{count}: starts where the last part ended");
+                if !range.is_empty() {
+                    assert_eq!(read.first as usize, range.start);
+                }
+                assert_eq!(read.samples, plan.samples[range.clone()], "{index}/{count}");
+                next = read.first + read.samples.len() as u64;
+            }
+            assert_eq!(next, sizes.len() as u64, "{count} parts cover the plan");
+        }
+        // A plan rewritten by another JSON writer (spaces after colons) is still a plan.
+        let text =
+            String::from_utf8(zstd::stream::decode_all(&std::fs::read(&path).unwrap()[..]).unwrap()).unwrap();
+        let spaced = dir.path().join("spaced.plan");
+        std::fs::write(&spaced, zstd::stream::encode_all(text.replace("\":", "\": ").as_bytes(), 3).unwrap())
+            .unwrap();
+        assert!(is_plan(&spaced) && is_plan(&path));
+        let other = dir.path().join("other.plan");
+        std::fs::write(&other, zstd::stream::encode_all(&b"{\"format\": \"x\"}\n"[..], 3).unwrap()).unwrap();
+        assert!(!is_plan(&other));
+        assert_eq!(Plan::read(&spaced, None).unwrap().samples, plan.samples);
+    }
 }

@@ -96,7 +96,7 @@ impl Report {
             packed: meta.samples,
             skipped,
             classes: meta.classes.len(),
-            bytes_out: crate::output::disk_usage(output),
+            bytes_out: crate::fs::disk_usage(output),
             warnings: vec![format!(
                 "{} was already packed by an earlier run of this command; nothing was done",
                 output.display()

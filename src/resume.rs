@@ -1,6 +1,6 @@
 //! Resuming an interrupted run: the journal, the saved listing, and the ledger of outcomes.
 //!
-//! A run writes into a temporary directory next to its output ([`crate::output::Staged`]). Each
+//! A run writes into a temporary directory next to its output ([`Staged`]). Each
 //! time the sink makes part of its output durable — a finished shard synced to disk, or a
 //! synced LMDB batch (a *checkpoint*) — the pipeline writes a journal beside it: how many source
 //! samples are accounted for, what was packed and skipped up to there, and the run's options.
@@ -15,7 +15,8 @@
 //! if anything was added, removed or modified, naming what changed: the kept output would
 //! otherwise silently disagree with the source.
 //!
-//! None of these files is published: [`crate::output::Staged::publish`] removes them.
+//! None of these files is published: [`stage`] marks them as scratch, which
+//! [`Staged::publish`] removes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::{self, File};
@@ -25,40 +26,43 @@ use std::path::{Path, PathBuf};
 use imgpack_reader::ShardInfo;
 use serde::{Deserialize, Serialize};
 
+use crate::output::Staged;
 use crate::report::Skipped;
-use crate::source::{Listing, SourceSample};
+use crate::source::{Listing, SourceSample, Stamp};
 use crate::{Error, Result};
 
 /// The journal file in the temporary directory.
 pub const JOURNAL_FILE: &str = "imgpack-resume.json";
 /// The saved source listing in the temporary directory.
 pub const LISTING_FILE: &str = "imgpack-resume.listing.zst";
-/// The LMDB sink's per-sample checksums up to the last checkpoint.
-pub const SUMS_FILE: &str = "imgpack-resume.sums";
 /// The next journal, before it replaces the last one: the temporary name
-/// [`crate::output::replace_file`] gives it.
+/// [`crate::fs::replace_file`] gives it.
 const JOURNAL_TEMP: &str = ".imgpack-resume.json.imgpack-tmp";
-/// Every file a run may leave in a temporary directory for resuming (removed before publishing).
-pub const FILES: [&str; 4] = [JOURNAL_FILE, LISTING_FILE, SUMS_FILE, JOURNAL_TEMP];
+/// Every file this module leaves in a temporary directory for resuming (scratch: removed before
+/// publishing). A sink may add its own (the LMDB sink's checksums).
+pub const FILES: [&str; 3] = [JOURNAL_FILE, LISTING_FILE, JOURNAL_TEMP];
 
-/// A file's size and modification time, as `stat` says when the run starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp {
-    /// Size in bytes (`u64::MAX` if the file could not be `stat`ed).
-    pub size: u64,
-    /// Modification time in nanoseconds since the epoch (the error number if not `stat`ed).
-    pub mtime_ns: i64,
-}
-
-impl Stamp {
-    /// The stamp of the file at `path`, following symlinks as reading does.
-    pub fn of(path: &Path) -> Stamp {
-        use std::os::unix::fs::MetadataExt;
-        match fs::metadata(path) {
-            Ok(m) => Stamp { size: m.len(), mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec() },
-            Err(e) => Stamp { size: u64::MAX, mtime_ns: i64::from(e.raw_os_error().unwrap_or(-1)) },
+/// Prepares the temporary directory of a resumable run writing `target`.
+///
+/// With `resume`, an interrupted run's temporary that holds a journal is kept and its journal
+/// returned; otherwise the temporary is cleared, and the flag says whether it held a journal
+/// (an interrupted run's work, discarded). Either way the resume files are scratch, and the
+/// temporary is kept after a failure once a journal is in it.
+pub fn stage(target: &Path, overwrite: bool, resume: bool) -> Result<(Staged, Option<Journal>, bool)> {
+    let (mut journal, mut discarded) = (None, false);
+    let (mut staged, _) = Staged::open_dir(target, overwrite, |temp| {
+        if !resume {
+            discarded = temp.join(JOURNAL_FILE).exists();
+            return Ok(false);
         }
+        journal = Journal::read(temp)?;
+        Ok(journal.is_some())
+    })?;
+    for name in FILES {
+        staged.scratch(name);
     }
+    staged.keep_if(JOURNAL_FILE);
+    Ok((staged, journal, discarded))
 }
 
 /// How far a run got: everything needed to continue it and to report on it at the end.
@@ -111,7 +115,7 @@ impl Journal {
 
     /// Replaces the journal in `dir` atomically and durably.
     pub fn write(&self, dir: &Path) -> Result<()> {
-        crate::output::replace_file(&dir.join(JOURNAL_FILE), &crate::sink::webdataset::json_bytes(self))
+        crate::fs::replace_file(&dir.join(JOURNAL_FILE), &crate::encoding::json_bytes(self))
     }
 }
 
@@ -368,7 +372,7 @@ mod tests {
 
     #[test]
     fn the_journal_temp_is_the_name_replace_file_writes() {
-        let temp = crate::output::temp_path(&Path::new("dir").join(JOURNAL_FILE));
+        let temp = crate::fs::temp_path(&Path::new("dir").join(JOURNAL_FILE));
         assert_eq!(temp, Path::new("dir").join(JOURNAL_TEMP));
     }
 

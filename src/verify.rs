@@ -680,7 +680,7 @@ fn check_wids(dir: &Path, meta: &Meta, verified: &mut Verified) {
     let expected = WidsIndex::of(&meta.shards);
     match std::fs::read(dir.join(WIDS_INDEX_FILE)) {
         Err(e) => verified.problem(WIDS_INDEX_FILE, format!("cannot read it: {e}")),
-        Ok(raw) if raw != crate::sink::webdataset::json_bytes(&expected) => {
+        Ok(raw) if raw != crate::encoding::json_bytes(&expected) => {
             let reason = match serde_json::from_slice::<WidsIndex>(&raw) {
                 Err(e) => format!("not a wids shard index: {e}"),
                 Ok(found) if found == expected => "differs from what pack writes (formatting)".to_string(),
@@ -745,7 +745,7 @@ fn check_shard(
     if buf.len() as u64 != shard.bytes {
         out.problem(name, format!("is {} bytes, {META_FILE} says {}", buf.len(), shard.bytes));
     }
-    let md5 = crate::sink::webdataset::hex(&Md5::digest(buf));
+    let md5 = crate::encoding::hex(&Md5::digest(buf));
     if md5 != shard.md5 {
         out.problem(name, format!("MD5 is {md5}, {META_FILE} records {}", shard.md5));
     }

@@ -12,7 +12,7 @@
 //! not disk: `data.mdb` only grows as pages are written.
 //!
 //! For `--resume`, every [`CHECKPOINT_BYTES`] of values (by default) the sink syncs the
-//! database and the per-sample checksums so far ([`crate::resume::SUMS_FILE`]) and reports a
+//! database and the per-sample checksums so far ([`SUMS_FILE`]) and reports a
 //! checkpoint.
 //! A resumed sink reopens the database, deletes whatever was committed after the checkpoint,
 //! and appends from there; the committed batches before it are kept as they are.
@@ -31,7 +31,6 @@ use imgpack_reader::Meta;
 
 use super::{Durable, Finished, PackedSample, Sink};
 use crate::output::Staged;
-use crate::resume::SUMS_FILE;
 use crate::{Error, Result};
 
 /// Writes an LMDB environment directory.
@@ -59,6 +58,10 @@ struct PendingSync {
     samples: usize,
     handle: std::thread::JoinHandle<heed::Result<()>>,
 }
+
+/// The per-sample checksums up to the last checkpoint, in the temporary directory (scratch:
+/// never published).
+pub const SUMS_FILE: &str = "imgpack-resume.sums";
 
 /// Values written between two checkpoints by default: a sync every 256 MiB costs little next
 /// to writing them, and an interrupted run loses at most that much work.
@@ -139,7 +142,8 @@ impl LmdbSink {
         Ok(sink)
     }
 
-    fn open(staged: Staged, size_hint: u64, checkpoint_bytes: u64) -> Result<LmdbSink> {
+    fn open(mut staged: Staged, size_hint: u64, checkpoint_bytes: u64) -> Result<LmdbSink> {
+        staged.scratch(SUMS_FILE);
         let hint = usize::try_from(size_hint).unwrap_or(usize::MAX / 4);
         let map_size = round_to_page(hint.saturating_add(hint / 4).saturating_add(64 << 20));
         let path = staged.path().to_path_buf();

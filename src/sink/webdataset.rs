@@ -29,6 +29,7 @@ use imgpack_reader::{Meta, ShardInfo};
 use md5::{Digest, Md5};
 
 use super::{Durable, Finished, PackedSample, Sink};
+use crate::encoding::{hex, json_bytes};
 use crate::output::Staged;
 use crate::{Error, Result};
 
@@ -370,13 +371,6 @@ impl Sink for WebDatasetSink {
     }
 }
 
-/// Pretty JSON with a final newline: what a person opening the file expects.
-pub(crate) fn json_bytes(value: &impl serde::Serialize) -> Vec<u8> {
-    let mut text = serde_json::to_vec_pretty(value).expect("serialises");
-    text.push(b'\n');
-    text
-}
-
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(path, bytes).map_err(Error::io(path))
 }
@@ -396,11 +390,6 @@ pub(crate) fn ustar_header(name: &str, size: u64) -> std::result::Result<[u8; 51
     header.set_entry_type(tar::EntryType::Regular);
     header.set_cksum();
     Ok(*header.as_bytes())
-}
-
-/// Bytes as lower-case hex (MD5s in the metadata).
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// How much is written between two notes to the hasher (each note costs a flush).

@@ -7,7 +7,8 @@
 pub mod dataset;
 pub mod imagefolder;
 
-use std::path::PathBuf;
+use std::fs;
+use std::path::{Path, PathBuf};
 
 /// One sample as a source lists it, before its bytes are read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +50,27 @@ pub trait Source: Sync {
 
     /// The sample's size and modification time, which `--resume` compares to tell whether the
     /// source changed. By default the file at `sample.path`, followed through symlinks.
-    fn stamp(&self, sample: &SourceSample) -> crate::resume::Stamp {
-        crate::resume::Stamp::of(&sample.path)
+    fn stamp(&self, sample: &SourceSample) -> Stamp {
+        Stamp::of(&sample.path)
+    }
+}
+
+/// A file's size and modification time, as `stat` says when the run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// Size in bytes (`u64::MAX` if the file could not be `stat`ed).
+    pub size: u64,
+    /// Modification time in nanoseconds since the epoch (the error number if not `stat`ed).
+    pub mtime_ns: i64,
+}
+
+impl Stamp {
+    /// The stamp of the file at `path`, following symlinks as reading does.
+    pub fn of(path: &Path) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        match fs::metadata(path) {
+            Ok(m) => Stamp { size: m.len(), mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec() },
+            Err(e) => Stamp { size: u64::MAX, mtime_ns: i64::from(e.raw_os_error().unwrap_or(-1)) },
+        }
     }
 }

@@ -21,20 +21,8 @@ use imgpack_reader::ImageFormat;
 use turbojpeg::{Colorspace, Decompressor, PixelFormat, ScalingFactor};
 
 use super::check::codec;
+use super::pixels::Pixels;
 use super::pnm;
-
-/// Decoded pixels: `channels` interleaved 8-bit samples per pixel, rows top to bottom.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pixels {
-    /// Width in pixels.
-    pub width: u32,
-    /// Height in pixels.
-    pub height: u32,
-    /// 1 (grey) or 3 (RGB).
-    pub channels: u8,
-    /// `width * height * channels` bytes.
-    pub data: Vec<u8>,
-}
 
 /// How images decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

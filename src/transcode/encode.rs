@@ -4,7 +4,7 @@ use std::cell::RefCell;
 
 use turbojpeg::{Compressor, PixelFormat, Subsamp};
 
-use super::decode::Pixels;
+use super::pixels::Pixels;
 
 /// Chroma subsampling for re-encoded JPEGs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

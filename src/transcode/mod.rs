@@ -13,6 +13,7 @@
 pub mod check;
 pub mod decode;
 pub mod encode;
+pub mod pixels;
 pub mod pnm;
 pub mod resize;
 pub mod yuv;
@@ -21,8 +22,9 @@ use imgpack_reader::format::{NPY_FIELD, NPY_ZSTD_FIELD};
 use imgpack_reader::ImageFormat;
 use serde_json::json;
 
-pub use decode::{DecodeOptions, Pixels};
+pub use decode::DecodeOptions;
 pub use encode::Subsampling;
+pub use pixels::Pixels;
 pub use resize::{Filter, Resize};
 
 /// Re-encoding settings.

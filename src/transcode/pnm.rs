@@ -6,7 +6,7 @@
 //! (mode `I`) scaled to 0..=65535 the same way, and then clips at 255 when converting to RGB.
 //! Values above maxval are clamped to it.
 
-use super::decode::Pixels;
+use super::pixels::Pixels;
 
 /// Decodes a P2, P3, P5 or P6 file.
 pub fn decode(bytes: &[u8]) -> Result<Pixels, String> {

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use fast_image_resize::images::{Image as FirImage, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
-use super::decode::Pixels;
+use super::pixels::Pixels;
 
 /// How to size images.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

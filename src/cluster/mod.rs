@@ -1,0 +1,4 @@
+//! Packing one plan on many machines: the plan is split into parts ([`split`]), each machine
+//! packs its part, and `pack merge` joins the parts into one dataset.
+
+pub mod split;
