@@ -40,7 +40,7 @@ fn main() {
             std::fs::File::create(class.join(format!("img_{f:06}.JPEG"))).unwrap();
         }
     }
-    let exts: Vec<String> = imgpack::config::DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect();
+    let exts: Vec<String> = imgpack::pack::config::DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect();
     let source = ImageFolder::new(&root, &exts);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use imgpack::config::{OnError, OutputFormat, PackConfig, SourceKind, DEFAULT_PREFIX};
+use imgpack::pack::config::{OnError, OutputFormat, PackConfig, SourceKind, DEFAULT_PREFIX};
 use imgpack::sink::webdataset::ShardLimits;
 use imgpack::size::ByteSize;
 use imgpack::transcode::decode::DEFAULT_MAX_PIXELS;
@@ -131,8 +131,11 @@ fn threads(given: Option<usize>) -> imgpack::Result<usize> {
 
 impl MergeArgs {
     /// The library options.
-    pub fn to_options(&self) -> imgpack::Result<imgpack::merge::MergeOptions> {
-        Ok(imgpack::merge::MergeOptions { keep_parts: self.keep_parts, threads: threads(self.threads)? })
+    pub fn to_options(&self) -> imgpack::Result<imgpack::cluster::merge::MergeOptions> {
+        Ok(imgpack::cluster::merge::MergeOptions {
+            keep_parts: self.keep_parts,
+            threads: threads(self.threads)?,
+        })
     }
 }
 
@@ -190,7 +193,7 @@ impl ListingArgs {
     pub fn extensions(&self) -> imgpack::Result<Vec<String>> {
         match &self.extensions {
             Some(list) => PackConfig::parse_extensions(list),
-            None => Ok(imgpack::config::DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect()),
+            None => Ok(imgpack::pack::config::DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect()),
         }
     }
 }

@@ -5,28 +5,31 @@
 //! database (memory-mapped, microsecond random reads) whose layout is owned by the
 //! [`imgpack_reader`] crate.
 //!
-//! The pipeline reads as its modules: [`source`] finds the samples (sorted exactly as
-//! torchvision's `ImageFolder` sorts them), [`transcode`] checks or converts each image, a
-//! [`sink`] writes them in order, and [`pipeline`] runs the stages in parallel with bounded
-//! memory and produces a [`report::Report`]. [`config`] turns command-line options into a
-//! validated plan before any work starts, and [`output`] publishes results atomically.
-//! [`plan`], [`parts`] and [`merge`] split one run across the machines of a cluster job.
-//! [`bench`](mod@bench) is `pack bench-read`: random-read latency of trees and packed datasets.
+//! The tree is the architecture; each command and each stage has a module named after it:
+//!
+//! - [`pack`](mod@pack): `pack SRC --to FORMAT`. [`pack::config`] turns options into a validated
+//!   configuration before any work starts, [`pack::pipeline`] runs the stages in parallel with
+//!   bounded memory, [`pack::staged`] publishes the output atomically, [`pack::resume`]
+//!   checkpoints and continues interrupted runs, [`pack::report`] is what the run says.
+//! - [`source`]: where samples are listed (an ImageFolder tree sorted exactly as torchvision
+//!   sorts it, a packed dataset, a plan file) and loaded from.
+//! - [`transcode`]: what happens to each image (check, decode, resize, encode).
+//! - [`sink`]: how samples are written, one module per output format.
+//! - [`cluster`]: one plan packed on many machines: [`cluster::split`] cuts the plan into parts,
+//!   [`cluster::part`] packs one, [`cluster::merge`] joins them.
+//! - [`verify`](mod@verify): `pack verify`, one module per format.
+//! - [`bench`](mod@bench): `pack bench-read`, random-read latency of trees and packed datasets.
+//!
+//! Small shared pieces sit at the top: [`fs`] (durable file steps), [`encoding`], [`size`],
+//! [`interrupt`], and the typed [`Error`].
 
 pub mod bench;
 pub mod cluster;
-pub mod config;
 pub mod encoding;
 mod error;
 pub mod fs;
 pub mod interrupt;
-pub mod merge;
-pub mod output;
-pub mod parts;
-pub mod pipeline;
-pub mod plan;
-pub mod report;
-pub mod resume;
+pub mod pack;
 mod shuffle;
 pub mod sink;
 pub mod size;
@@ -34,9 +37,9 @@ pub mod source;
 pub mod transcode;
 pub mod verify;
 
-pub use config::{OnError, OutputFormat, PackConfig};
 pub use error::{Error, Result};
-pub use report::Report;
+pub use pack::config::{OnError, OutputFormat, PackConfig};
+pub use pack::report::Report;
 
 /// The tool name and version recorded in every dataset's metadata.
 pub const TOOL: &str = concat!("imgpack ", env!("CARGO_PKG_VERSION"));

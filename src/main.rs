@@ -11,7 +11,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use cli::{Cli, Command};
-use imgpack::config::SourceKind;
+use imgpack::pack::config::SourceKind;
 
 /// Exit code for a run stopped by an error.
 const EXIT_ERROR: u8 = 1;
@@ -94,7 +94,7 @@ fn run(cli: Cli) -> imgpack::Result<u8> {
     // Only packing stops at a checkpoint on Ctrl-C; the other commands just end.
     imgpack::interrupt::install();
     let bar = progress_bar(args.output.quiet, PACK_BAR);
-    let report = imgpack::pipeline::pack(&config, &bar)?;
+    let report = imgpack::pack::pipeline::pack(&config, &bar)?;
     for line in report.warning_lines() {
         eprintln!("warning: {line}");
     }
@@ -161,7 +161,7 @@ fn plan(args: &cli::PlanArgs) -> imgpack::Result<u8> {
     let extensions = args.listing.extensions()?;
     let seed = args.listing.seed();
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let plan = imgpack::plan::make(&args.source, &extensions, seed, threads)?;
+    let plan = imgpack::source::plan::make(&args.source, &extensions, seed, threads)?;
     plan.write(&args.out)?;
     for warning in &plan.header.warnings {
         eprintln!("warning: {warning}");
@@ -184,7 +184,7 @@ fn plan(args: &cli::PlanArgs) -> imgpack::Result<u8> {
             "planned {} samples in {} classes ({}) from {} into {}",
             header.samples,
             header.classes.len(),
-            imgpack::report::human_bytes(header.bytes),
+            imgpack::pack::report::human_bytes(header.bytes),
             header.root,
             args.out.display()
         );
@@ -213,7 +213,7 @@ fn verify(args: &cli::VerifyArgs) -> imgpack::Result<u8> {
 fn merge(args: &cli::MergeArgs) -> imgpack::Result<u8> {
     let options = args.to_options()?;
     let bar = progress_bar(args.output.quiet, BYTES_BAR);
-    let merged = imgpack::merge::merge(&args.path, &options, &bar)?;
+    let merged = imgpack::cluster::merge::merge(&args.path, &options, &bar)?;
     print_summary(&args.output, &merged);
     Ok(merged.exit_code() as u8)
 }

@@ -317,7 +317,8 @@ fn more_parts_than_samples_gives_empty_parts_that_merge() {
 #[test]
 fn an_interrupted_part_run_again_differently_starts_over_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();
-    let root = big_tree(dir.path(), 4);
+    // Big enough that the run is still going when the first checkpoint lands, even on a busy machine.
+    let root = big_tree(dir.path(), 16);
     let plan = dir.path().join("t.plan");
     pack(&[&"plan", &root, &"-o", &plan, &"-q"]).assert().code(0);
     let out = dir.path().join("wds");

@@ -15,7 +15,7 @@ use imgpack_reader::lmdb::{LmdbDataset, Prefetch, Snapshot};
 use imgpack_reader::webdataset::WebDataset;
 use imgpack_reader::Kind;
 
-use crate::config::DEFAULT_EXTENSIONS;
+use crate::pack::config::DEFAULT_EXTENSIONS;
 use crate::source::imagefolder::ImageFolder;
 use crate::source::Source;
 use crate::{Error, Result};

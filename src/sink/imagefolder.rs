@@ -15,7 +15,7 @@ use imgpack_reader::format::JSON_FIELD;
 use imgpack_reader::{Meta, SampleInfo};
 
 use super::{Finished, PackedSample, Sink};
-use crate::output::Staged;
+use crate::pack::staged::Staged;
 use crate::{Error, Result};
 
 /// Writes an ImageFolder tree.

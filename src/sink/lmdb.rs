@@ -30,7 +30,7 @@ use imgpack_reader::key::{format_key, META_KEY};
 use imgpack_reader::Meta;
 
 use super::{Durable, Finished, PackedSample, Sink};
-use crate::output::Staged;
+use crate::pack::staged::Staged;
 use crate::{Error, Result};
 
 /// Writes an LMDB environment directory.

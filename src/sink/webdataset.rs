@@ -30,7 +30,7 @@ use md5::{Digest, Md5};
 
 use super::{Durable, Finished, PackedSample, Sink};
 use crate::encoding::{hex, json_bytes};
-use crate::output::Staged;
+use crate::pack::staged::Staged;
 use crate::{Error, Result};
 
 /// When to start a new shard.

@@ -231,7 +231,7 @@ mod tests {
     }
 
     fn exts() -> [&'static str; 9] {
-        crate::config::DEFAULT_EXTENSIONS
+        crate::pack::config::DEFAULT_EXTENSIONS
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod dataset;
 pub mod imagefolder;
+pub mod plan;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -44,7 +44,7 @@ const CLOSING_WAIT: Duration = Duration::from_secs(5);
 /// [`super::LmdbDataset`] is `Send + Sync`).
 ///
 /// Every reader of LMDB in the process should open through this function, because heed allows
-/// one handle per environment per process ([module docs](self)): two
+/// one handle per environment per process (see `reader/src/lmdb/env.rs`): two
 /// [`crate::open`]s of one path, a dataset read while `pack verify` checks it, a merge reading a
 /// part it just listed — each gets a clone of the same environment instead of
 /// [`heed::Error::EnvAlreadyOpened`]. Clone the returned `Arc` to share it; do not clone the

@@ -109,7 +109,7 @@ impl fmt::Display for Verified {
             self.checked,
             self.expected,
             what,
-            crate::report::human_bytes(self.bytes),
+            crate::pack::report::human_bytes(self.bytes),
             self.seconds
         )?;
         if self.problems.is_empty() {

@@ -19,17 +19,18 @@ use imgpack_reader::{ImageFormat, Meta, SampleInfo, SourceInfo, FORMAT_VERSION};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
 
-use crate::config::{OnError, OutputFormat, PackConfig, SourceKind};
-use crate::output::Staged;
-use crate::plan::{Plan, PlanSource};
-use crate::report::Report;
-use crate::resume::{self, Journal, Ledger, Outcome};
+use crate::cluster::part::PartRun;
+use crate::pack::config::{OnError, OutputFormat, PackConfig, SourceKind};
+use crate::pack::report::Report;
+use crate::pack::resume::{self, Journal, Ledger, Outcome};
+use crate::pack::staged::Staged;
 use crate::sink::imagefolder::{safe_relative, ImageFolderSink};
 use crate::sink::lmdb::LmdbSink;
 use crate::sink::webdataset::WebDatasetSink;
 use crate::sink::{Durable, PackedSample, Sink};
 use crate::source::dataset::{is_packed, PackedDataset};
 use crate::source::imagefolder::ImageFolder;
+use crate::source::plan::{Plan, PlanSource};
 use crate::source::{Listing, Source, SourceSample, Stamp};
 use crate::transcode::{Image, Transcoder};
 use crate::{Error, Result};
@@ -42,17 +43,17 @@ const CHUNK_SAMPLES: usize = 1024;
 /// Packs `config.source` into `config.output`. The bar (hidden or not) shows progress in
 /// source samples. Returns the summary; the output is published and durable when this returns.
 ///
-/// LMDB and WebDataset runs write checkpoints as they go ([`crate::resume`]); with
+/// LMDB and WebDataset runs write checkpoints as they go ([`crate::pack::resume`]); with
 /// `config.resume` a run continues from the last checkpoint an interrupted run left. A stop
 /// asked for with [`crate::interrupt`] ends the run at a checkpoint with
 /// [`Error::Interrupted`].
 ///
-/// `config.source` may also be a plan written by `pack plan` ([`crate::plan`]): the run then
+/// `config.source` may also be a plan written by `pack plan` ([`crate::source::plan`]): the run then
 /// takes its samples, order and listing options from the plan and writes exactly what packing
 /// the planned tree directly writes.
 pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
     if config.source.is_file() {
-        if !crate::plan::is_plan(&config.source) {
+        if !crate::source::plan::is_plan(&config.source) {
             return Err(Error::BadSource {
                 path: config.source.clone(),
                 reason: "is a file, neither a plan written by `pack plan` nor an ImageFolder tree or packed dataset (directories)".into(),
@@ -73,33 +74,10 @@ pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
         let root = plan.header.root.clone();
         let part = match config.part {
             None => None,
-            Some(part) => {
-                if config.format == OutputFormat::ImageFolder {
-                    return Err(Error::Usage(
-                        "--part packs lmdb or webdataset parts for `pack merge`; unpack a merged dataset instead".into(),
-                    ));
-                }
-                let info = crate::parts::info(part, &plan, crate::parts::plan_digest(&config.source)?);
-                std::fs::create_dir_all(&config.output).map_err(Error::io(&config.output))?;
-                planned.output = crate::parts::part_path(&config.output, part);
-                if !config.overwrite {
-                    let options = planned.recorded_options();
-                    if let Some(meta) = crate::parts::already_packed(&planned.output, &info, &options)? {
-                        return Ok(Report::already_packed(&planned.output, &meta));
-                    }
-                }
-                if imgpack_reader::detect(&config.output).is_some() {
-                    return Err(Error::Usage(format!(
-                        "{}: already holds the dataset merged from its parts, and re-packing part {}/{} would not change it; to rebuild, remove the merged files first (webdataset: imgpack.json, imgpack.index, shardindex.json; lmdb: data.mdb, lock.mdb — merge deleted the lmdb parts unless --keep-parts, so re-pack them all), then merge again",
-                        config.output.display(),
-                        part.index,
-                        part.count
-                    )));
-                }
-                // A job scheduler re-runs a failed task with the same command: it continues.
-                planned.resume = true;
-                Some(info)
-            }
+            Some(part) => match crate::cluster::part::prepare(config, &mut planned, &plan, part)? {
+                PartRun::Done(report) => return Ok(*report),
+                PartRun::Pack(info) => Some(info),
+            },
         };
         let input =
             Input { source: Box::new(PlanSource::new(plan)), kind: "imagefolder", root, ordered: true, part };

@@ -89,7 +89,7 @@ pub struct PackConfig {
     pub checkpoint_bytes: u64,
     /// What happens to each image (`--mode` and its settings).
     pub transcoder: Transcoder,
-    /// Pack only this part of a plan ([`crate::parts`]) into `output/part-KKKK-of-NNNN`.
+    /// Pack only this part of a plan ([`crate::cluster::part`]) into `output/part-KKKK-of-NNNN`.
     pub part: Option<crate::cluster::split::Part>,
 }
 

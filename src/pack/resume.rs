@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use imgpack_reader::ShardInfo;
 use serde::{Deserialize, Serialize};
 
-use crate::output::Staged;
-use crate::report::Skipped;
+use crate::pack::report::Skipped;
+use crate::pack::staged::Staged;
 use crate::source::{Listing, SourceSample, Stamp};
 use crate::{Error, Result};
 

@@ -4,11 +4,11 @@
 //! that [`Part::range`] gives it — cut by bytes, not by count, so parts take about the same time
 //! whatever the file sizes — into `OUT/part-KKKK-of-NNNN` ([`imgpack_reader::part`]). Nothing
 //! coordinates the runs: every one reads the same plan and computes the same cuts, and
-//! `pack merge` ([`crate::merge`]) checks afterwards that the parts fit together.
+//! `pack merge` ([`crate::cluster::merge`]) checks afterwards that the parts fit together.
 //!
 //! A part keeps the plan index of its first sample as its first key, so parts never use the
 //! same key. Re-running a finished part does nothing; re-running an interrupted one continues
-//! from its last checkpoint ([`crate::resume`]), as job schedulers re-queue failed tasks.
+//! from its last checkpoint ([`crate::pack::resume`]), as job schedulers re-queue failed tasks.
 
 use std::path::{Path, PathBuf};
 
@@ -16,8 +16,51 @@ use imgpack_reader::part::PartInfo;
 use imgpack_reader::Meta;
 
 use crate::cluster::split::Part;
-use crate::plan::Plan;
+use crate::pack::config::{OutputFormat, PackConfig};
+use crate::pack::report::Report;
+use crate::source::plan::Plan;
 use crate::{Error, Result};
+
+/// What [`prepare`] found a part run comes to.
+#[derive(Debug)]
+pub enum PartRun {
+    /// The part was packed before with the same plan and options: nothing to do.
+    Done(Box<Report>),
+    /// Pack this part of the plan.
+    Pack(PartInfo),
+}
+
+/// Sets up `planned` (the run's configuration with the plan's listing options) to pack part
+/// `part` of `plan` into its directory of `config.output`: refuses what cannot be a part run,
+/// finds a part packed before with the same plan and options, and makes the run resume what an
+/// interrupted run of the part left, as a job scheduler re-running a failed task expects.
+pub fn prepare(config: &PackConfig, planned: &mut PackConfig, plan: &Plan, part: Part) -> Result<PartRun> {
+    if config.format == OutputFormat::ImageFolder {
+        return Err(Error::Usage(
+            "--part packs lmdb or webdataset parts for `pack merge`; unpack a merged dataset instead".into(),
+        ));
+    }
+    let info = info(part, plan, plan_digest(&config.source)?);
+    std::fs::create_dir_all(&config.output).map_err(Error::io(&config.output))?;
+    planned.output = part_path(&config.output, part);
+    if !config.overwrite {
+        let options = planned.recorded_options();
+        if let Some(meta) = already_packed(&planned.output, &info, &options)? {
+            return Ok(PartRun::Done(Box::new(Report::already_packed(&planned.output, &meta))));
+        }
+    }
+    if imgpack_reader::detect(&config.output).is_some() {
+        return Err(Error::Usage(format!(
+            "{}: already holds the dataset merged from its parts, and re-packing part {}/{} would not change it; to rebuild, remove the merged files first (webdataset: imgpack.json, imgpack.index, shardindex.json; lmdb: data.mdb, lock.mdb — merge deleted the lmdb parts unless --keep-parts, so re-pack them all), then merge again",
+            config.output.display(),
+            part.index,
+            part.count
+        )));
+    }
+    // A job scheduler re-runs a failed task with the same command: it continues.
+    planned.resume = true;
+    Ok(PartRun::Pack(info))
+}
 
 /// The MD5 of the plan file at `path`, lower-case hex: what ties the parts of one dataset to
 /// one plan (a plan made again from a changed tree differs).
@@ -123,7 +166,7 @@ pub fn already_packed(dir: &Path, expected: &PartInfo, options: &serde_json::Val
         Some(p) if p.plan != expected.plan => format!("part {} of {} of another plan", p.index, p.count),
         Some(_) => format!(
             "this part made with other options ({})",
-            crate::resume::differences(&meta.options, options).join(", ")
+            crate::pack::resume::differences(&meta.options, options).join(", ")
         ),
     };
     Err(Error::Usage(format!(

@@ -1,4 +1,4 @@
-//! `pack merge OUT`: the N parts packed into `OUT` ([`crate::parts`]) become one dataset that
+//! `pack merge OUT`: the N parts packed into `OUT` ([`crate::cluster::part`]) become one dataset that
 //! reads exactly like the output of a single `pack` run: the same keys (0 to `samples - 1` with
 //! no gap), labels, bytes and metadata; only the shards are cut differently.
 //!
@@ -48,8 +48,8 @@ use serde::Serialize;
 
 use crate::encoding::{hex, json_bytes};
 use crate::fs::replace_file;
-use crate::output::Staged;
-use crate::report::{human_bytes, Skipped};
+use crate::pack::report::{human_bytes, Skipped};
+use crate::pack::staged::Staged;
 use crate::sink::lmdb::{LmdbSink, CHECKPOINT_BYTES};
 use crate::sink::webdataset::ustar_header;
 use crate::sink::{PackedSample, Sink};
@@ -71,7 +71,7 @@ pub struct Merged {
     #[serde(rename = "type")]
     pub kind: &'static str,
     /// The merged dataset.
-    #[serde(serialize_with = "crate::report::lossy_path")]
+    #[serde(serialize_with = "crate::pack::report::lossy_path")]
     pub output: PathBuf,
     /// `lmdb` or `webdataset`.
     pub format: String,
@@ -130,7 +130,7 @@ impl fmt::Display for Merged {
         }
         writeln!(f, "  bytes     {}", human_bytes(self.bytes_out))?;
         writeln!(f, "  time      {:.2} s", self.seconds)?;
-        crate::report::write_skipped(f, &self.skipped, self.packed, self.found)
+        crate::pack::report::write_skipped(f, &self.skipped, self.packed, self.found)
     }
 }
 
@@ -161,7 +161,7 @@ pub fn merge(out: &Path, options: &MergeOptions, bar: &ProgressBar) -> Result<Me
             out.display()
         )));
     }
-    let _lock = crate::output::OutputLock::acquire(out)?;
+    let _lock = crate::pack::staged::OutputLock::acquire(out)?;
     let mut merged = if imgpack_reader::detect(out).is_some() {
         already_merged(out, options)?
     } else {
@@ -228,7 +228,7 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
     let dirs: Vec<PathBuf> = part_dirs(out)?.0.into_iter().map(|(name, _)| out.join(name)).collect();
     let mut infos: Vec<PartInfo> = Vec::new();
     for dir in &dirs {
-        infos.extend(crate::parts::read_meta(dir)?.and_then(|meta| meta.part));
+        infos.extend(crate::cluster::part::read_meta(dir)?.and_then(|meta| meta.part));
     }
     if lmdb {
         remove_if_present(&out.join(LMDB_STAGE))?;
@@ -336,7 +336,7 @@ fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
     let mut parts: Vec<FoundPart> = Vec::with_capacity(count as usize);
     for (k, name) in present {
         let dir = out.join(&name);
-        let meta = crate::parts::read_meta(&dir)?.ok_or_else(|| {
+        let meta = crate::cluster::part::read_meta(&dir)?.ok_or_else(|| {
             refuse(format!("{} holds no finished part (no metadata); run its command again", dir.display()))
         })?;
         let Some(info) = meta.part.clone() else {
@@ -359,7 +359,7 @@ fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
                 )));
             }
             if meta.format != first.meta.format || meta.options != first.meta.options {
-                let differences = crate::resume::differences(&first.meta.options, &meta.options);
+                let differences = crate::pack::resume::differences(&first.meta.options, &meta.options);
                 return Err(refuse(format!(
                     "{theirs} was packed with other options than part 0 ({}); re-pack it with the same command and --overwrite",
                     if meta.format != first.meta.format {
@@ -421,8 +421,8 @@ fn merge_lmdb(
                 part.dir.display()
             ),
         };
-        let err = crate::parts::lmdb_error(&part.dir);
-        let env = crate::parts::open_lmdb(&part.dir)?;
+        let err = crate::cluster::part::lmdb_error(&part.dir);
+        let env = crate::cluster::part::open_lmdb(&part.dir)?;
         let txn = env.read_txn().map_err(err)?;
         let db: heed::Database<Bytes, Bytes> =
             env.open_database(&txn, None).map_err(err)?.ok_or_else(|| damaged("-", "no database".into()))?;
