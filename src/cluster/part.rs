@@ -118,15 +118,11 @@ pub fn read_meta(dir: &Path) -> Result<Option<Meta>> {
     Ok(Some(meta))
 }
 
-/// Opens the LMDB environment of the finished part in `dir` to read it.
-pub(crate) fn open_lmdb(dir: &Path) -> Result<heed::Env<heed::WithoutTls>> {
-    let mut options = heed::EnvOpenOptions::new().read_txn_without_tls();
-    // SAFETY: read-only and without the lock file: a finished part is never written again.
-    unsafe {
-        options.flags(heed::EnvFlags::READ_ONLY | heed::EnvFlags::NO_LOCK);
-        options.open(dir)
-    }
-    .map_err(lmdb_error(dir))
+/// Opens the LMDB environment of the finished part in `dir` to read it, through the one LMDB
+/// opener ([`imgpack_reader::lmdb::open_env`]: the readers' flags, and shared with any other
+/// reader of the part in this process).
+pub(crate) fn open_lmdb(dir: &Path) -> Result<std::sync::Arc<heed::Env<heed::WithoutTls>>> {
+    Ok(imgpack_reader::lmdb::open_env(dir)?)
 }
 
 /// The error of an LMDB call on the part in `dir`.
@@ -145,8 +141,6 @@ fn read_lmdb_meta(dir: &Path) -> Result<Option<Vec<u8>>> {
         Some(db) => db.get(&txn, imgpack_reader::key::META_KEY.as_bytes()).map_err(err)?.map(<[u8]>::to_vec),
         None => None,
     };
-    drop(txn);
-    env.prepare_for_closing().wait();
     Ok(raw)
 }
 

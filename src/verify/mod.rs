@@ -296,23 +296,16 @@ fn lmdb(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<()> {
     use heed::types::Bytes;
-    use heed::{Database, EnvFlags, EnvOpenOptions};
+    use heed::Database;
 
     let data = "data.mdb";
-    let mut env_options = EnvOpenOptions::new().read_txn_without_tls();
-    // SAFETY: read-only and lock-free, as the reader opens a published dataset; nothing writes
-    // it while it is checked. The flags are the reader's own (readahead off included): heed
-    // refuses to open one environment twice in a process with different flags, and a program
-    // may verify a dataset it also reads. `Ahead` makes up for the readahead.
-    let env = unsafe {
-        env_options.flags(EnvFlags::READ_ONLY | EnvFlags::NO_LOCK | EnvFlags::NO_READ_AHEAD);
-        env_options.open(path)
-    };
-    let env = match env {
+    // Through the one LMDB opener, with the reader's flags (readahead off: `Ahead` makes up for
+    // it), and shared with any reader of the dataset this process has open.
+    let env = match imgpack_reader::lmdb::open_env(path) {
         Ok(env) => env,
-        Err(heed::Error::EnvAlreadyOpened) => {
+        Err(imgpack_reader::Error::Lmdb { source: heed::Error::EnvAlreadyOpened, .. }) => {
             return Err(Error::Usage(format!(
-                "{}: this program already has the dataset open (LMDB allows one handle per process); check it before opening it, or after closing it",
+                "{}: this program already has the dataset open for writing (LMDB allows one handle per process); check it after closing it",
                 path.display()
             )))
         }

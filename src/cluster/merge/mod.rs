@@ -491,7 +491,8 @@ fn merge_lmdb(
             return Err(damaged("-", format!("holds {j} samples, its metadata says {}", part.meta.samples)));
         }
         drop(txn);
-        env.prepare_for_closing().wait();
+        // The last handle: the environment closes here, before the part's files are removed.
+        drop(env);
     }
     bar.set_message("syncing to disk");
     let finished = sink.finish(meta)?;
