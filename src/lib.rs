@@ -30,6 +30,7 @@ mod error;
 pub mod fs;
 pub mod interrupt;
 pub mod pack;
+pub mod progress;
 mod shuffle;
 pub mod sink;
 pub mod size;

@@ -8,6 +8,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
+use imgpack::progress::Progress;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use cli::{Cli, Command};
@@ -94,7 +95,7 @@ fn run(cli: Cli) -> imgpack::Result<u8> {
     // Only packing stops at a checkpoint on Ctrl-C; the other commands just end.
     imgpack::interrupt::install();
     let bar = progress_bar(args.output.quiet, PACK_BAR);
-    let report = imgpack::pack::pipeline::pack(&config, &bar)?;
+    let report = imgpack::pack::pipeline::pack(&config, &Bar(bar.clone()))?;
     for line in report.warning_lines() {
         eprintln!("warning: {line}");
     }
@@ -135,7 +136,7 @@ fn bench_read(args: &cli::BenchReadArgs) -> imgpack::Result<u8> {
         let bar = progress_bar(args.quiet, BENCH_BAR);
         let mut all = Vec::new();
         for input in &inputs {
-            let sweep = bench::sweep(input, &plan, &bar)?;
+            let sweep = bench::sweep(input, &plan, &Bar(bar.clone()))?;
             if !json_to_stdout {
                 let _ = writeln!(stdout, "{}", record::sweep_table(&sweep));
             }
@@ -249,4 +250,27 @@ fn progress_bar(quiet: bool, template: &str) -> ProgressBar {
     bar.set_style(style);
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     bar
+}
+
+/// The library's [`Progress`] drawn as an indicatif bar.
+struct Bar(ProgressBar);
+
+impl Progress for Bar {
+    fn message(&self, text: &str) {
+        self.0.set_message(text.to_string());
+    }
+    fn length(&self, total: u64) {
+        // A new stretch of work: its rate and ETA start from now.
+        self.0.reset();
+        self.0.set_length(total);
+    }
+    fn position(&self, done: u64) {
+        self.0.set_position(done);
+    }
+    fn advance(&self, delta: u64) {
+        self.0.inc(delta);
+    }
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
 }

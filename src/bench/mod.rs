@@ -28,12 +28,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use indicatif::ProgressBar;
-
 use self::cache::Residency;
 use self::device::Device;
 use self::input::Input;
 use self::record::Measurement;
+use crate::progress::Progress;
 use crate::{Error, Result};
 
 /// Reads per measurement when neither `--samples` nor `--duration` is given (at most one pass).
@@ -111,7 +110,7 @@ impl Plan {
 }
 
 /// Runs every concurrency level of `plan` on `input`. `bar` is reset for each level.
-pub fn sweep(input: &Input, plan: &Plan, bar: &ProgressBar) -> Result<Vec<Measurement>> {
+pub fn sweep(input: &Input, plan: &Plan, bar: &dyn Progress) -> Result<Vec<Measurement>> {
     if input.is_empty() {
         return Err(Error::BadSource { path: input.path.clone(), reason: "holds no sample to read".into() });
     }
@@ -143,7 +142,7 @@ pub fn measure(
     plan: &Plan,
     threads: usize,
     device: &Device,
-    bar: &ProgressBar,
+    bar: &dyn Progress,
 ) -> Result<Measurement> {
     let len = input.len();
     let order = plan.order(len);
@@ -193,10 +192,9 @@ pub fn measure(
     };
     let opened = input.open(plan.direct)?;
 
-    bar.reset();
-    bar.set_length(if reads == u64::MAX { 0 } else { reads });
-    bar.set_position(0);
-    bar.set_message(format!("{} {}, {threads} threads", input.path.display(), input.access.name()));
+    bar.length(if reads == u64::MAX { 0 } else { reads });
+    bar.position(0);
+    bar.message(&format!("{} {}, {threads} threads", input.path.display(), input.access.name()));
 
     let next = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
@@ -243,7 +241,7 @@ pub fn measure(
             .collect();
         barrier.wait();
         while running.load(Ordering::Acquire) > 0 {
-            bar.set_position(next.load(Ordering::Relaxed).min(reads));
+            bar.position(next.load(Ordering::Relaxed).min(reads));
             std::thread::sleep(Duration::from_millis(50));
         }
         handles.into_iter().map(|h| h.join().expect("reader thread panicked")).collect::<Vec<_>>()
@@ -264,7 +262,7 @@ pub fn measure(
     let samples = latencies.len() as u64;
     let (latency_us, latency_cdf_us) =
         stats::summarize(&mut latencies).ok_or_else(|| Error::Usage("no read was measured".into()))?;
-    bar.set_position(samples);
+    bar.position(samples);
     Ok(Measurement {
         path: input.path.display().to_string(),
         format: input.access.format().into(),

@@ -16,7 +16,6 @@ use imgpack_reader::format::{CLS_FIELD, JSON_FIELD};
 use imgpack_reader::key::{format_key, key_width};
 use imgpack_reader::part::{PartInfo, SkippedSample};
 use imgpack_reader::{ImageFormat, Meta, SampleInfo, SourceInfo, FORMAT_VERSION};
-use indicatif::ProgressBar;
 use rayon::prelude::*;
 
 use crate::cluster::part::PartRun;
@@ -24,6 +23,7 @@ use crate::pack::config::{OnError, OutputFormat, PackConfig, SourceKind};
 use crate::pack::report::Report;
 use crate::pack::resume::{self, Journal, Ledger, Outcome};
 use crate::pack::staged::Staged;
+use crate::progress::Progress;
 use crate::sink::imagefolder::{safe_relative, ImageFolderSink};
 use crate::sink::lmdb::LmdbSink;
 use crate::sink::webdataset::WebDatasetSink;
@@ -40,8 +40,8 @@ const CHUNK_BYTES: u64 = 32 << 20;
 /// At most this many samples in one chunk.
 const CHUNK_SAMPLES: usize = 1024;
 
-/// Packs `config.source` into `config.output`. The bar (hidden or not) shows progress in
-/// source samples. Returns the summary; the output is published and durable when this returns.
+/// Packs `config.source` into `config.output`, reporting progress to `bar` in source samples.
+/// Returns the summary; the output is published and durable when this returns.
 ///
 /// LMDB and WebDataset runs write checkpoints as they go ([`crate::pack::resume`]); with
 /// `config.resume` a run continues from the last checkpoint an interrupted run left. A stop
@@ -51,7 +51,7 @@ const CHUNK_SAMPLES: usize = 1024;
 /// `config.source` may also be a plan written by `pack plan` ([`crate::source::plan`]): the run then
 /// takes its samples, order and listing options from the plan and writes exactly what packing
 /// the planned tree directly writes.
-pub fn pack(config: &PackConfig, bar: &ProgressBar) -> Result<Report> {
+pub fn pack(config: &PackConfig, bar: &dyn Progress) -> Result<Report> {
     if config.source.is_file() {
         if !crate::source::plan::is_plan(&config.source) {
             return Err(Error::BadSource {
@@ -124,11 +124,11 @@ struct Input {
 }
 
 /// Packs the samples `input` lists.
-fn run(config: &PackConfig, input: Input, bar: &ProgressBar) -> Result<Report> {
+fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> {
     let Input { source, kind: source_kind, root, ordered, part } = input;
     let started = Instant::now();
     config.validate()?;
-    bar.set_message("listing samples");
+    bar.message("listing samples");
     let mut listing = source.list()?;
     // A part may be empty (more parts than samples); it still says so to `pack merge`.
     if listing.samples.is_empty() && part.is_none() {
@@ -150,7 +150,7 @@ fn run(config: &PackConfig, input: Input, bar: &ProgressBar) -> Result<Report> {
     let found = listing.samples.len() as u64;
     let first_key = part.as_ref().map_or(0, |p| p.first);
     let width = key_width(part.as_ref().map_or(found, |p| p.plan_samples));
-    bar.set_length(found);
+    bar.length(found);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(config.threads)
         .thread_name(|i| format!("imgpack-load-{i}"))
@@ -180,7 +180,7 @@ fn run(config: &PackConfig, input: Input, bar: &ProgressBar) -> Result<Report> {
             Ledger::default(),
         ),
         _ => {
-            bar.set_message("checking the source");
+            bar.message("checking the source");
             let stamps: Vec<Stamp> =
                 pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
             // The stamps give the source size an ImageFolder listing does not: a better first
@@ -189,7 +189,7 @@ fn run(config: &PackConfig, input: Input, bar: &ProgressBar) -> Result<Report> {
             let hint = total_bytes.max(stamped);
             let keys = (first_key, width);
             let opened = open_resumable(config, &listing, &stamps, &run, keys, hint, &mut report)?;
-            bar.set_position(opened.1.total().position);
+            bar.position(opened.1.total().position);
             opened
         }
     };
@@ -232,7 +232,7 @@ fn run(config: &PackConfig, input: Input, bar: &ProgressBar) -> Result<Report> {
                 let position = next as u64;
                 let sample = &samples[next];
                 next += 1;
-                bar.inc(1);
+                bar.advance(1);
                 match result {
                     Ok((image, crc)) => {
                         let key = format_key(first_key + ledger.packed(), width);
@@ -257,7 +257,7 @@ fn run(config: &PackConfig, input: Input, bar: &ProgressBar) -> Result<Report> {
                 break;
             }
             let rate = ledger.packed() as f64 / started.elapsed().as_secs_f64().max(1e-3);
-            bar.set_message(format!("{rate:.0} files/s"));
+            bar.message(&format!("{rate:.0} files/s"));
         }
         Ok(())
     });
@@ -267,7 +267,7 @@ fn run(config: &PackConfig, input: Input, bar: &ProgressBar) -> Result<Report> {
         let kept = if unpacking {
             None
         } else {
-            bar.set_message("saving a checkpoint");
+            bar.message("saving a checkpoint");
             checkpoint(&mut sink, &mut ledger, true)?;
             Journal::read(&temp)?.map(|j| j.progress.packed)
         };
@@ -298,9 +298,9 @@ fn run(config: &PackConfig, input: Input, bar: &ProgressBar) -> Result<Report> {
         shards: Vec::new(),
         part: part.map(|p| PartInfo { skipped: part_skipped(&p, &total, &listing.samples), ..p }),
     };
-    bar.set_message("syncing to disk");
+    bar.message("syncing to disk");
     let finished = sink.finish(&meta)?;
-    bar.finish_and_clear();
+    bar.finish();
     report.packed = total.packed;
     report.bytes_in = total.bytes_in;
     report.formats = total.formats.clone();
@@ -535,5 +535,32 @@ mod tests {
         let mut skipped = Chunker::default();
         skipped.observe(&[Err("bad".into()), Err("bad".into())]);
         assert_eq!(skipped.next_len(), 64);
+    }
+
+    #[test]
+    fn a_checkpoint_budget_caps_the_chunk_bytes() {
+        let mut chunker = Chunker::with_budget(1_000_000);
+        chunker.observe(&vec![image(100_000); 64]);
+        assert_eq!(chunker.next_len(), 10, "10 samples of 100 kB fill a 1 MB budget");
+        assert_eq!(Chunker::with_budget(u64::MAX).budget, CHUNK_BYTES, "never above the default");
+        let mut zero = Chunker::with_budget(0);
+        zero.observe(&[image(10)]);
+        assert_eq!(zero.next_len(), 1, "at least one sample per chunk");
+    }
+
+    #[test]
+    fn progress_counts_every_listed_sample_once() {
+        let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/imagefolder");
+        let dir = tempfile::tempdir().unwrap();
+        let config = PackConfig::new(&source, dir.path().join("out.lmdb"), OutputFormat::Lmdb);
+        let progress = crate::progress::testing::Recorded::default();
+        let report = pack(&config, &progress).unwrap();
+        assert!(report.found > 0);
+        assert_eq!(report.packed + report.skipped.len() as u64, report.found);
+        assert_eq!(*progress.state.lock().unwrap(), (report.found, report.found), "(length, position)");
+        assert!(*progress.finished.lock().unwrap());
+        let messages = progress.messages.lock().unwrap();
+        assert_eq!(messages.first().map(String::as_str), Some("listing samples"));
+        assert_eq!(messages.last().map(String::as_str), Some("syncing to disk"));
     }
 }
