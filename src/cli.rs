@@ -1,5 +1,6 @@
 //! Command-line definitions (clap derive), turned into library configuration.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -113,20 +114,22 @@ pub struct MergeArgs {
     pub keep_parts: bool,
 
     /// Threads for rewriting shards when keys move [default: all cores].
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    #[arg(long, value_name = "N", value_parser = thread_count)]
+    pub threads: Option<NonZeroUsize>,
 
     #[command(flatten)]
     pub output: OutputArgs,
 }
 
-/// A `--threads` count: at least 1, all cores when not given.
-fn threads(given: Option<usize>) -> imgpack::Result<usize> {
-    match given {
-        Some(0) => Err(imgpack::Error::Usage("--threads takes a count of 1 or more".into())),
-        Some(n) => Ok(n),
-        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
-    }
+/// Parses a `--threads` count: a whole number of 1 or more, so 0 is refused on the command line
+/// (exit 2) rather than quietly read as 1.
+fn thread_count(text: &str) -> Result<NonZeroUsize, String> {
+    text.trim().parse::<NonZeroUsize>().map_err(|_| format!("{text:?} is not a thread count; pass 1 or more"))
+}
+
+/// A `--threads` count, all cores when not given.
+fn threads(given: Option<NonZeroUsize>) -> imgpack::Result<usize> {
+    Ok(given.unwrap_or_else(imgpack::pack::config::all_cores).get())
 }
 
 impl MergeArgs {
@@ -157,8 +160,8 @@ pub struct PlanArgs {
     pub listing: ListingArgs,
 
     /// Threads for `stat`ing the files [default: all cores].
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    #[arg(long, value_name = "N", value_parser = thread_count)]
+    pub threads: Option<NonZeroUsize>,
 
     #[command(flatten)]
     pub output: OutputArgs,
@@ -208,8 +211,8 @@ pub struct VerifyArgs {
     pub decode: bool,
 
     /// Worker threads [default: all cores].
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    #[arg(long, value_name = "N", value_parser = thread_count)]
+    pub threads: Option<NonZeroUsize>,
 
     #[command(flatten)]
     pub output: OutputArgs,
@@ -265,8 +268,8 @@ pub struct BenchReadArgs {
     pub seed: u64,
 
     /// Concurrency levels, comma-separated.
-    #[arg(long, value_name = "LIST", default_value = "1,2,4,8,16", value_delimiter = ',')]
-    pub threads: Vec<usize>,
+    #[arg(long, value_name = "LIST", default_value = "1,2,4,8,16", value_delimiter = ',', value_parser = thread_count)]
+    pub threads: Vec<NonZeroUsize>,
 
     /// Page cache state at the start of each level.
     #[arg(long, value_enum, default_value_t = CacheArg::Warm)]
@@ -306,7 +309,7 @@ impl BenchReadArgs {
     /// The measurement plan; impossible values are refused.
     pub fn to_plan(&self) -> imgpack::Result<imgpack::bench::Plan> {
         use imgpack::bench::{Cache, Pattern, Plan};
-        if self.threads.is_empty() || self.threads.contains(&0) {
+        if self.threads.is_empty() {
             return Err(imgpack::Error::Usage("--threads takes counts of 1 or more, e.g. 1,2,4,8,16".into()));
         }
         if self.samples == Some(0) {
@@ -406,8 +409,8 @@ pub struct PackArgs {
     pub checkpoint_bytes: Option<ByteSize>,
 
     /// Worker threads for reading and checking images [default: all cores].
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    #[arg(long, value_name = "N", value_parser = thread_count)]
+    pub threads: Option<NonZeroUsize>,
 
     /// Pack only part K of N of a plan (K from 0 to N-1), into OUT/part-KKKK-of-NNNN; `pack
     /// merge OUT` joins the parts when all are done.

@@ -58,9 +58,36 @@ pub enum Error {
         /// Why it could not be packed.
         reason: String,
     },
-    /// Options that contradict each other or are out of range.
+    /// The command line asks for something that cannot be done as written: options that
+    /// contradict each other or are out of range, or paths that name the wrong kind of thing.
+    /// The fix is always a different command line; `pack` exits with 2 for this and only this.
     #[error("{0}")]
     Usage(String),
+    /// An output cannot be written as the source asks (a class name that is no folder name, a
+    /// sample name too long for a tar header).
+    #[error("{}: {reason}", path.display())]
+    BadOutput {
+        /// The output.
+        path: PathBuf,
+        /// What cannot be written, and what to do.
+        reason: String,
+    },
+    /// A thread of the run panicked: a bug in `pack`, reported instead of aborting.
+    #[error("{}: the {thread} thread stopped on an internal error (a bug in pack); nothing was published; please report it with the command that ran", path.display())]
+    Panicked {
+        /// What the thread was working on.
+        path: PathBuf,
+        /// Which thread.
+        thread: String,
+    },
+    /// The worker threads could not be started.
+    #[error("cannot start {threads} worker threads: {reason}; pass a smaller --threads")]
+    Threads {
+        /// How many were asked for.
+        threads: usize,
+        /// What the system said.
+        reason: String,
+    },
     /// The run was interrupted (SIGINT or SIGTERM): it stopped at a checkpoint, or, before the
     /// first one, with nothing kept. Nothing was published either way.
     #[error("{}", interrupted(temp, *kept))]
@@ -70,7 +97,8 @@ pub enum Error {
         /// Samples kept at the last checkpoint, if there was one.
         kept: Option<u64>,
     },
-    /// `--resume` cannot continue the interrupted run.
+    /// `--resume` cannot continue the interrupted run: its journal, saved listing or kept
+    /// output is unreadable or does not match, or the run or the source changed.
     #[error("{}: cannot resume: {reason}; run without --resume to start over", path.display())]
     Resume {
         /// The output being resumed.

@@ -161,7 +161,7 @@ fn plan(args: &cli::PlanArgs) -> imgpack::Result<u8> {
     }
     let extensions = args.listing.extensions()?;
     let seed = args.listing.seed();
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args.threads.unwrap_or_else(imgpack::pack::config::all_cores);
     let plan = imgpack::source::plan::make(&args.source, &extensions, seed, threads)?;
     plan.write(&args.out)?;
     for warning in &plan.header.warnings {

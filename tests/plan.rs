@@ -102,3 +102,21 @@ fn plans_refuse_what_they_cannot_honour() {
     assert!(String::from_utf8_lossy(&damaged.get_output().stderr).contains("t.plan"), "names the plan");
     assert!(!fx.out("z").exists());
 }
+
+#[test]
+fn zero_threads_is_a_bad_command_line_for_every_command() {
+    let fx = Fixture::new();
+    let plan = fx.out("t.plan");
+    let out = fx.out("x");
+    for args in [
+        vec![&"plan" as &dyn AsRef<std::ffi::OsStr>, &fx.tree(), &"-o", &plan, &"--threads", &"0"],
+        vec![&fx.tree(), &"--to", &"lmdb", &"-o", &out, &"--threads", &"0"],
+        vec![&"verify", &fx.tree(), &"--threads", &"0"],
+        vec![&"merge", &fx.tree(), &"--threads", &"0"],
+    ] {
+        let assert = pack(&args).assert().code(2);
+        let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
+        assert!(stderr.contains("--threads") && stderr.contains("1 or more"), "{stderr}");
+    }
+    assert!(!plan.exists() && !out.exists());
+}

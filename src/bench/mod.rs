@@ -23,6 +23,7 @@ pub mod plot;
 pub mod record;
 pub mod stats;
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Barrier;
@@ -74,7 +75,7 @@ pub struct Plan {
     /// Seed of the random order.
     pub seed: u64,
     /// Concurrency levels.
-    pub threads: Vec<usize>,
+    pub threads: Vec<NonZeroUsize>,
     /// Cache state.
     pub cache: Cache,
     /// `O_DIRECT` reads for raw files, shards and `--file`.
@@ -126,7 +127,7 @@ pub fn sweep(input: &Input, plan: &Plan, bar: &dyn Progress) -> Result<Vec<Measu
             warm_up(&file)?;
         }
     }
-    plan.threads.iter().map(|&threads| measure(input, plan, threads, &device, bar)).collect()
+    plan.threads.iter().map(|&threads| measure(input, plan, threads.get(), &device, bar)).collect()
 }
 
 /// The files holding the items that a measurement making `reads` reads in `order` reaches
@@ -260,8 +261,10 @@ pub fn measure(
     let (start, end) = span.expect("at least one thread");
     let seconds = (end - start).as_secs_f64().max(1e-9);
     let samples = latencies.len() as u64;
-    let (latency_us, latency_cdf_us) =
-        stats::summarize(&mut latencies).ok_or_else(|| Error::Usage("no read was measured".into()))?;
+    let (latency_us, latency_cdf_us) = stats::summarize(&mut latencies).ok_or_else(|| Error::BadSource {
+        path: input.path.clone(),
+        reason: "no read was measured; pass a longer --duration or more --samples".into(),
+    })?;
     bar.position(samples);
     Ok(Measurement {
         path: input.path.display().to_string(),
@@ -348,7 +351,7 @@ mod tests {
             samples,
             duration: duration.map(Duration::from_secs),
             seed: 1,
-            threads: vec![1],
+            threads: vec![std::num::NonZeroUsize::MIN],
             cache,
             direct: false,
         }

@@ -1,6 +1,7 @@
 //! The validated plan for a run: command-line options become a [`PackConfig`] before any work
 //! starts, so a contradiction is reported in the first millisecond, not an hour into a job.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use serde_json::json;
@@ -74,7 +75,7 @@ pub struct PackConfig {
     /// The output format.
     pub format: OutputFormat,
     /// Worker threads for reading and checking files.
-    pub threads: usize,
+    pub threads: NonZeroUsize,
     /// `Some(seed)` to permute the samples deterministically.
     pub shuffle: Option<u64>,
     /// Accepted file extensions, lower case, without the dot.
@@ -101,7 +102,7 @@ impl PackConfig {
             source_kind: SourceKind::Detect,
             output: output.into(),
             format,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: all_cores(),
             shuffle: None,
             extensions: DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect(),
             on_error: OnError::Skip,
@@ -130,9 +131,6 @@ impl PackConfig {
 
     /// Checks the plan: sources and outputs that cannot work are refused here.
     pub fn validate(&self) -> Result<()> {
-        if self.threads == 0 {
-            return Err(Error::Usage("--threads must be at least 1".into()));
-        }
         if let OutputFormat::WebDataset { prefix, limits } = &self.format {
             if prefix.is_empty() || prefix.contains('/') || prefix.starts_with('.') || prefix.len() > 64 {
                 return Err(Error::Usage(format!(
@@ -210,6 +208,11 @@ fn absolute(path: &std::path::Path) -> Option<PathBuf> {
         _ => std::env::current_dir().ok()?,
     };
     Some(parent.join(path.file_name()?))
+}
+
+/// One worker thread per core this process may use: the default of every `--threads`.
+pub fn all_cores() -> NonZeroUsize {
+    std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
 }
 
 #[cfg(test)]

@@ -152,10 +152,10 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     let width = key_width(part.as_ref().map_or(found, |p| p.plan_samples));
     bar.length(found);
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(config.threads)
+        .num_threads(config.threads.get())
         .thread_name(|i| format!("imgpack-load-{i}"))
         .build()
-        .map_err(|e| Error::Usage(format!("cannot start {} worker threads: {e}", config.threads)))?;
+        .map_err(|e| Error::Threads { threads: config.threads.get(), reason: e.to_string() })?;
 
     let mut report = Report {
         kind: "summary",

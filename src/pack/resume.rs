@@ -102,11 +102,9 @@ impl Journal {
     pub fn read(dir: &Path) -> Result<Option<Journal>> {
         let path = dir.join(JOURNAL_FILE);
         match fs::read(&path) {
-            Ok(raw) => serde_json::from_slice(&raw).map(Some).map_err(|e| {
-                Error::Usage(format!(
-                    "{}: the journal of the interrupted run is unreadable ({e}); run without --resume to start over",
-                    path.display()
-                ))
+            Ok(raw) => serde_json::from_slice(&raw).map(Some).map_err(|e| Error::Resume {
+                path,
+                reason: format!("the journal of the interrupted run is unreadable ({e})"),
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io(&path)(e)),
@@ -298,11 +296,9 @@ pub fn read_listing(dir: &Path) -> Result<SavedListing> {
         }
         Ok(SavedListing { classes, samples })
     };
-    read().map_err(|e| {
-        Error::Usage(format!(
-            "{}: the interrupted run's saved listing is unreadable ({e}); run without --resume to start over",
-            path.display()
-        ))
+    read().map_err(|e| Error::Resume {
+        reason: format!("the interrupted run's saved listing is unreadable ({e})"),
+        path,
     })
 }
 

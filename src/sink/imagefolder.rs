@@ -32,10 +32,9 @@ impl ImageFolderSink {
             let dir = safe_relative(class.as_bytes())
                 .ok()
                 .filter(|p| p.components().count() == 1)
-                .ok_or_else(|| {
-                    Error::Usage(format!(
-                        "class name {class:?} is not a plain folder name; refusing to unpack"
-                    ))
+                .ok_or_else(|| Error::BadOutput {
+                    path: target.to_path_buf(),
+                    reason: format!("class name {class:?} is not a plain folder name; refusing to unpack"),
                 })?;
             let dir = staged.path().join(dir);
             fs::create_dir(&dir).map_err(Error::io(&dir))?;

@@ -105,11 +105,9 @@ impl LmdbSink {
         let mut sink = LmdbSink::open(staged, size_hint.max(on_disk), checkpoint_bytes)?;
         let dir = sink.staged.path().to_path_buf();
         let err = |source| lmdb_error(&dir, source);
-        let stale = |reason: String| {
-            Error::Usage(format!(
-                "{}: the interrupted run's database does not match its journal ({reason}); run without --resume to start over",
-                dir.display()
-            ))
+        let stale = |reason: String| Error::Resume {
+            path: dir.clone(),
+            reason: format!("the interrupted run's database does not match its journal ({reason})"),
         };
         let mut txn = sink.env.write_txn().map_err(err)?;
         sink.db =
@@ -209,7 +207,12 @@ impl LmdbSink {
         let Some(pending) = self.pending.take() else { return Ok(()) };
         match pending.handle.join() {
             Ok(result) => result.map_err(|e| self.error(e))?,
-            Err(_) => return Err(Error::Usage("the LMDB sync thread panicked".into())),
+            Err(_) => {
+                return Err(Error::Panicked {
+                    path: self.staged.path().to_path_buf(),
+                    thread: "LMDB sync".into(),
+                })
+            }
         }
         self.save_sums(pending.samples)
     }

@@ -115,11 +115,9 @@ impl WebDatasetSink {
         durable: &Durable,
     ) -> Result<WebDatasetSink> {
         let dir = staged.path().to_path_buf();
-        let stale = |reason: String| {
-            Error::Usage(format!(
-                "{}: the interrupted run's shards do not match its journal ({reason}); run without --resume to start over",
-                dir.display()
-            ))
+        let stale = |reason: String| Error::Resume {
+            path: dir.clone(),
+            reason: format!("the interrupted run's shards do not match its journal ({reason})"),
         };
         let kept = durable.shards.len();
         for entry in std::fs::read_dir(&dir).map_err(Error::io(&dir))? {
@@ -159,6 +157,7 @@ impl WebDatasetSink {
         index: BufWriter<File>,
         durable: &Durable,
     ) -> WebDatasetSink {
+        let syncer = Syncer::start(staged.path().to_path_buf());
         WebDatasetSink {
             staged,
             prefix: prefix.to_string(),
@@ -168,7 +167,7 @@ impl WebDatasetSink {
             index: Some(index),
             samples: durable.samples,
             warnings: Vec::new(),
-            syncer: Syncer::start(),
+            syncer,
             hashing: Default::default(),
             hashed: durable.shards.len(),
             durable: durable.shards.len(),
@@ -198,8 +197,10 @@ impl WebDatasetSink {
         let mut components = Vec::with_capacity(sample.fields.len());
         for (i, (ext, data)) in sample.fields.iter().enumerate() {
             let name = format!("{}.{ext}", sample.key);
-            let header = ustar_header(&name, data.len() as u64)
-                .map_err(|reason| Error::Usage(format!("sample {}: {reason}", sample.key)))?;
+            let header = ustar_header(&name, data.len() as u64).map_err(|reason| Error::BadOutput {
+                path: self.staged.target().to_path_buf(),
+                reason: format!("sample {}: {reason}", sample.key),
+            })?;
             components.push(DaliComponent {
                 ext: ext.clone(),
                 offset: shard.bytes + BLOCK,
@@ -446,7 +447,7 @@ impl ShardHasher {
         self.close();
         match self.handle.join() {
             Ok(result) => result.map_err(Error::io(&self.path)),
-            Err(_) => Err(Error::Usage(format!("{}: the MD5 thread panicked", self.path.display()))),
+            Err(_) => Err(Error::Panicked { path: self.path.clone(), thread: "shard MD5".into() }),
         }
     }
 }
@@ -454,6 +455,8 @@ impl ShardHasher {
 /// Syncs finished shards (each a group of files) on a background thread, so their writeback
 /// overlaps with writing the next shard, and counts the groups done.
 struct Syncer {
+    /// The directory whose shards it syncs, for errors.
+    dir: PathBuf,
     tx: Option<mpsc::Sender<Vec<(File, PathBuf)>>>,
     handle: Option<JoinHandle<Result<()>>>,
     sent: usize,
@@ -461,7 +464,7 @@ struct Syncer {
 }
 
 impl Syncer {
-    fn start() -> Syncer {
+    fn start(dir: PathBuf) -> Syncer {
         let (tx, rx) = mpsc::channel::<Vec<(File, PathBuf)>>();
         let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = done.clone();
@@ -477,7 +480,7 @@ impl Syncer {
                 Ok(())
             })
             .expect("spawn sync thread");
-        Syncer { tx: Some(tx), handle: Some(handle), sent: 0, done }
+        Syncer { dir, tx: Some(tx), handle: Some(handle), sent: 0, done }
     }
 
     fn sync(&mut self, group: Vec<(File, PathBuf)>) {
@@ -509,7 +512,7 @@ impl Syncer {
         drop(self.tx.take());
         match self.handle.take().map(JoinHandle::join) {
             Some(Ok(result)) => result,
-            Some(Err(_)) => Err(Error::Usage("the shard sync thread panicked".into())),
+            Some(Err(_)) => Err(Error::Panicked { path: self.dir.clone(), thread: "shard sync".into() }),
             None => Ok(()),
         }
     }

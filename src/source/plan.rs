@@ -10,6 +10,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -82,8 +83,9 @@ impl Plan {
     pub fn new(root: &Path, options: serde_json::Value, listing: &Listing, stamps: &[Stamp]) -> Result<Plan> {
         let root_abs = root.canonicalize().map_err(Error::io(root))?;
         let text = |p: &Path| {
-            p.to_str().map(str::to_string).ok_or_else(|| {
-                Error::Usage(format!("{}: a plan needs a source path that is valid UTF-8", p.display()))
+            p.to_str().map(str::to_string).ok_or_else(|| Error::BadSource {
+                path: p.to_path_buf(),
+                reason: "a plan needs a source path that is valid UTF-8".into(),
             })
         };
         let samples: Vec<Planned> = listing
@@ -217,7 +219,7 @@ impl Plan {
 
 /// Walks the ImageFolder tree at `root` as `pack root` would — the same walk, order, class
 /// indices, and shuffle with `seed` — and `stat`s every file on `threads` threads.
-pub fn make(root: &Path, extensions: &[String], seed: Option<u64>, threads: usize) -> Result<Plan> {
+pub fn make(root: &Path, extensions: &[String], seed: Option<u64>, threads: NonZeroUsize) -> Result<Plan> {
     use rayon::prelude::*;
     if !root.is_dir() {
         return Err(Error::BadSource {
@@ -231,9 +233,9 @@ pub fn make(root: &Path, extensions: &[String], seed: Option<u64>, threads: usiz
         crate::shuffle::shuffle(&mut listing.samples, seed);
     }
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads.max(1))
+        .num_threads(threads.get())
         .build()
-        .map_err(|e| Error::Usage(format!("cannot start {threads} worker threads: {e}")))?;
+        .map_err(|e| Error::Threads { threads: threads.get(), reason: e.to_string() })?;
     let stamps: Vec<Stamp> = pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
     let options = serde_json::json!({"extensions": extensions, "shuffle": seed.is_some(), "seed": seed});
     Plan::new(root, options, &listing, &stamps)
