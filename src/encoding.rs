@@ -15,6 +15,15 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Deserializes a field that is recorded even when off, as `null`: present gives `Some(value)`,
+/// with `Some(None)` for `null`; with `#[serde(default)]` an absent field stays `None`. (serde
+/// alone reads `null` into the outer `None`, losing the difference.)
+pub fn present<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    <Option<T> as serde::Deserialize>::deserialize(deserializer).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,7 @@ use imgpack_reader::Meta;
 
 use crate::cluster::split::Part;
 use crate::pack::config::{OutputFormat, PackConfig};
+use crate::pack::recorded::Options;
 use crate::pack::report::Report;
 use crate::source::plan::Plan;
 use crate::{Error, Result};
@@ -146,12 +147,12 @@ fn read_lmdb_meta(dir: &Path) -> Result<Option<Vec<u8>>> {
 
 /// Whether the finished part at `dir` is the one this run would write: same plan, part,
 /// format and options. `Ok(Some(meta))` means there is nothing to do.
-pub fn already_packed(dir: &Path, expected: &PartInfo, options: &serde_json::Value) -> Result<Option<Meta>> {
+pub fn already_packed(dir: &Path, expected: &PartInfo, options: &Options) -> Result<Option<Meta>> {
     let Some(meta) = read_meta(dir)? else { return Ok(None) };
     let part = meta.part.as_ref();
     let same = part
         .is_some_and(|p| p.plan == expected.plan && p.index == expected.index && p.count == expected.count)
-        && &meta.options == options;
+        && options.differences_from_recorded(&meta.options).is_empty();
     if same {
         return Ok(Some(meta));
     }
@@ -160,7 +161,7 @@ pub fn already_packed(dir: &Path, expected: &PartInfo, options: &serde_json::Val
         Some(p) if p.plan != expected.plan => format!("part {} of {} of another plan", p.index, p.count),
         Some(_) => format!(
             "this part made with other options ({})",
-            crate::pack::resume::differences(&meta.options, options).join(", ")
+            options.differences_from_recorded(&meta.options).join(", ")
         ),
     };
     Err(Error::Usage(format!(

@@ -4,8 +4,7 @@
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
-use serde_json::json;
-
+use crate::pack::recorded::Options;
 use crate::sink::webdataset::ShardLimits;
 use crate::transcode::{Mode, Transcoder};
 use crate::{Error, Result};
@@ -179,25 +178,28 @@ impl PackConfig {
 
     /// The options that shape the output, as recorded in the dataset metadata. Thread count is
     /// left out on purpose: it does not change a byte of the output.
-    pub fn recorded_options(&self) -> serde_json::Value {
-        let mut options = json!({
-            "to": self.format.name(),
-            "shuffle": self.shuffle.is_some(),
-            "seed": self.shuffle,
-            "extensions": self.extensions,
-            "on_error": match self.on_error { OnError::Skip => "skip", OnError::Fail => "fail" },
-        });
-        if let (Some(options), serde_json::Value::Object(mode)) =
-            (options.as_object_mut(), self.transcoder.recorded())
-        {
-            options.extend(mode);
+    pub fn recorded_options(&self) -> Options {
+        let webdataset = match &self.format {
+            OutputFormat::WebDataset { prefix, limits } => {
+                Some((prefix.clone(), limits.max_bytes, limits.max_samples))
+            }
+            _ => None,
+        };
+        Options {
+            to: self.format.name().into(),
+            shuffle: self.shuffle.is_some(),
+            seed: self.shuffle,
+            extensions: self.extensions.clone(),
+            on_error: match self.on_error {
+                OnError::Skip => "skip",
+                OnError::Fail => "fail",
+            }
+            .into(),
+            transcode: self.transcoder.recorded(),
+            prefix: webdataset.as_ref().map(|w| w.0.clone()),
+            shard_size: webdataset.as_ref().map(|w| w.1),
+            shard_samples: webdataset.as_ref().map(|w| w.2),
         }
-        if let OutputFormat::WebDataset { prefix, limits } = &self.format {
-            options["prefix"] = json!(prefix);
-            options["shard_size"] = json!(limits.max_bytes);
-            options["shard_samples"] = json!(limits.max_samples);
-        }
-        options
     }
 }
 

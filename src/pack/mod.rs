@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod pipeline;
+pub mod recorded;
 pub mod report;
 pub mod resume;
 pub mod staged;

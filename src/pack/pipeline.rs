@@ -20,6 +20,7 @@ use rayon::prelude::*;
 
 use crate::cluster::part::PartRun;
 use crate::pack::config::{OnError, OutputFormat, PackConfig, SourceKind};
+use crate::pack::recorded::{Run, RunPart};
 use crate::pack::report::Report;
 use crate::pack::resume::{self, Journal, Ledger, Outcome};
 use crate::pack::staged::Staged;
@@ -165,15 +166,13 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         warnings: listing.warnings.clone(),
         ..Report::default()
     };
-    let mut run = serde_json::json!({
-        "tool": crate::TOOL,
-        "source": root,
-        "source_kind": source_kind,
-        "options": config.recorded_options(),
-    });
-    if let Some(part) = &part {
-        run["part"] = serde_json::json!({"index": part.index, "count": part.count, "plan": part.plan});
-    }
+    let run = Run {
+        tool: crate::TOOL.into(),
+        source: root.clone(),
+        source_kind: source_kind.into(),
+        options: config.recorded_options(),
+        part: part.as_ref().map(|p| RunPart { index: p.index, count: p.count, plan: p.plan.clone() }),
+    };
     let (mut sink, mut ledger): (Box<dyn Sink>, Ledger) = match &config.format {
         OutputFormat::ImageFolder => (
             Box::new(ImageFolderSink::create(&config.output, config.overwrite, &listing.classes)?),
@@ -292,7 +291,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         classes: listing.classes.clone(),
         fields,
         source: SourceInfo { kind: source_kind.into(), root: root.clone() },
-        options: config.recorded_options(),
+        options: config.recorded_options().to_value(),
         tool: crate::TOOL.into(),
         checksum: Some(imgpack_reader::checksum::ALGORITHM.into()),
         shards: Vec::new(),
@@ -321,7 +320,7 @@ fn open_resumable(
     config: &PackConfig,
     listing: &Listing,
     stamps: &[Stamp],
-    run: &serde_json::Value,
+    run: &Run,
     (first_key, key_width): (u64, usize),
     total_bytes: u64,
     report: &mut Report,
@@ -358,7 +357,7 @@ fn open_resumable(
     let mismatch = if &journal.run != run {
         Some(format!(
             "the interrupted run was made differently: {}",
-            resume::differences(&journal.run, run).join(", ")
+            run.differences(&journal.run).join(", ")
         ))
     } else {
         let saved = resume::read_listing(staged.path())?;

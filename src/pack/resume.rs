@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use imgpack_reader::ShardInfo;
 use serde::{Deserialize, Serialize};
 
+use crate::pack::recorded::Run;
 use crate::pack::report::Skipped;
 use crate::pack::staged::Staged;
 use crate::source::{Listing, SourceSample, Stamp};
@@ -90,7 +91,7 @@ pub struct Progress {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Journal {
     /// What made the output: tool, source, format and options. A resumed run must match it.
-    pub run: serde_json::Value,
+    pub run: Run,
     /// Source samples listed.
     pub found: u64,
     /// The last checkpoint.
@@ -114,31 +115,6 @@ impl Journal {
     /// Replaces the journal in `dir` atomically and durably.
     pub fn write(&self, dir: &Path) -> Result<()> {
         crate::fs::replace_file(&dir.join(JOURNAL_FILE), &crate::encoding::json_bytes(self))
-    }
-}
-
-/// What differs between two run descriptions (see [`Journal::run`]), as `key: before -> now`,
-/// nested keys joined with dots.
-pub fn differences(before: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
-    use serde_json::Value;
-    match (before, now) {
-        (Value::Object(a), Value::Object(b)) => {
-            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-            keys.into_iter()
-                .flat_map(|key| {
-                    let (x, y) = (a.get(key).unwrap_or(&Value::Null), b.get(key).unwrap_or(&Value::Null));
-                    differences(x, y).into_iter().map(move |d| {
-                        if d.starts_with(": ") {
-                            format!("{key}{d}")
-                        } else {
-                            format!("{key}.{d}")
-                        }
-                    })
-                })
-                .collect()
-        }
-        _ if before == now => Vec::new(),
-        _ => vec![format!(": {before} -> {now}")],
     }
 }
 
@@ -402,7 +378,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(Journal::read(dir.path()).unwrap().is_none());
         let journal = Journal {
-            run: serde_json::json!({"to": "lmdb"}),
+            run: Run {
+                tool: "t".into(),
+                source: "s".into(),
+                source_kind: "imagefolder".into(),
+                options: crate::PackConfig::new("s", "o", crate::OutputFormat::Lmdb).recorded_options(),
+                part: None,
+            },
             found: 3,
             progress: Progress {
                 position: 2,
@@ -425,14 +407,6 @@ mod tests {
         assert_eq!(saved.classes, listing.classes);
         assert_eq!(saved.samples[1], (1, stamps[1], "b/\u{e9}.jpg".as_bytes().to_vec()));
         assert_eq!(changes(&saved, &listing, &stamps), None);
-    }
-
-    #[test]
-    fn differences_name_each_changed_option() {
-        let a = serde_json::json!({"tool": "x", "options": {"shuffle": false, "seed": null, "to": "lmdb"}});
-        let b = serde_json::json!({"tool": "x", "options": {"shuffle": true, "seed": 7, "to": "lmdb"}});
-        assert_eq!(differences(&a, &b), ["options.seed: null -> 7", "options.shuffle: false -> true"]);
-        assert!(differences(&a, &a).is_empty());
     }
 
     #[test]

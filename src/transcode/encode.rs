@@ -17,6 +17,17 @@ pub enum Subsampling {
     S444,
 }
 
+impl Subsampling {
+    /// The name recorded in the metadata and taken by `--subsampling`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Subsampling::S420 => "420",
+            Subsampling::S422 => "422",
+            Subsampling::S444 => "444",
+        }
+    }
+}
+
 thread_local! {
     static COMPRESSOR: RefCell<Option<Compressor>> = const { RefCell::new(None) };
 }

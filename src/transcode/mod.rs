@@ -20,7 +20,6 @@ pub mod yuv;
 
 use imgpack_reader::format::{NPY_FIELD, NPY_ZSTD_FIELD};
 use imgpack_reader::ImageFormat;
-use serde_json::json;
 
 pub use decode::DecodeOptions;
 pub use encode::Subsampling;
@@ -59,6 +58,40 @@ pub struct Decode {
     pub zstd_level: Option<i32>,
 }
 
+/// How a run transcodes, as its metadata records it (`options` in `imgpack.json` / `__meta__`,
+/// flattened into [`crate::pack::recorded::Options`]). A field is absent where the mode has no
+/// such setting; `center_crop` and `compress` are recorded as `null` when the decode mode has
+/// them off, so `Some(None)` there.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Recorded {
+    /// `passthrough`, `reencode` or `decode`.
+    pub mode: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upscale: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subsampling: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_if_fits: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resize_filter: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resize_shorter: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_side: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "crate::encoding::present")]
+    pub center_crop: Option<Option<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "crate::encoding::present")]
+    pub compress: Option<Option<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub color: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exif_rotate: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pixels: Option<u64>,
+}
+
 /// The `--mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
@@ -69,6 +102,17 @@ pub enum Mode {
     Reencode(Reencode),
     /// Decode, resize, store pixels.
     Decode(Decode),
+}
+
+impl Mode {
+    /// The name recorded in the metadata and taken by `--mode`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Passthrough => "passthrough",
+            Mode::Reencode(_) => "reencode",
+            Mode::Decode(_) => "decode",
+        }
+    }
 }
 
 /// An image ready for a sink.
@@ -235,48 +279,32 @@ impl Transcoder {
     }
 
     /// The settings as recorded in the dataset metadata.
-    pub fn recorded(&self) -> serde_json::Value {
-        let resize = |r: Option<Resize>| match r {
-            Some(Resize::ShorterSide(n)) => json!({"resize_shorter": n}),
-            Some(Resize::MaxSide(n)) => json!({"max_side": n}),
-            None => json!({}),
-        };
-        let mut out = match self.mode {
-            Mode::Passthrough => json!({"mode": "passthrough"}),
+    pub fn recorded(&self) -> Recorded {
+        let mut out = Recorded { mode: self.mode.name().into(), ..Recorded::default() };
+        let (resize, upscale, filter) = match self.mode {
+            Mode::Passthrough => return out,
             Mode::Reencode(r) => {
-                let mut v = json!({
-                    "mode": "reencode",
-                    "upscale": r.upscale,
-                    "quality": r.quality,
-                    "subsampling": match r.subsampling { Subsampling::S420 => "420", Subsampling::S422 => "422", Subsampling::S444 => "444" },
-                    "keep_if_fits": r.keep_if_fits,
-                    "resize_filter": r.filter.name(),
-                });
-                merge(&mut v, resize(r.resize));
-                v
+                out.quality = Some(r.quality);
+                out.subsampling = Some(r.subsampling.name().into());
+                out.keep_if_fits = Some(r.keep_if_fits);
+                (r.resize, r.upscale, r.filter)
             }
             Mode::Decode(d) => {
-                let mut v = json!({
-                    "mode": "decode",
-                    "upscale": d.upscale,
-                    "center_crop": d.center_crop,
-                    "compress": d.zstd_level.map(|l| format!("zstd:{l}")),
-                    "resize_filter": d.filter.name(),
-                });
-                merge(&mut v, resize(d.resize));
-                v
+                out.center_crop = Some(d.center_crop);
+                out.compress = Some(d.zstd_level.map(|l| format!("zstd:{l}")));
+                (d.resize, d.upscale, d.filter)
             }
         };
-        if self.mode != Mode::Passthrough {
-            merge(
-                &mut out,
-                json!({
-                    "color": if self.decode.keep_gray { "keep" } else { "rgb" },
-                    "exif_rotate": self.decode.exif_rotate,
-                    "max_pixels": self.decode.max_pixels,
-                }),
-            );
+        out.upscale = Some(upscale);
+        out.resize_filter = Some(filter.name().into());
+        match resize {
+            Some(Resize::ShorterSide(n)) => out.resize_shorter = Some(n),
+            Some(Resize::MaxSide(n)) => out.max_side = Some(n),
+            None => {}
         }
+        out.color = Some(if self.decode.keep_gray { "keep" } else { "rgb" }.into());
+        out.exif_rotate = Some(self.decode.exif_rotate);
+        out.max_pixels = Some(self.decode.max_pixels);
         out
     }
 }
@@ -302,11 +330,5 @@ fn pixels_kind(bytes: &[u8]) -> Option<&'static str> {
         Some(NPY_ZSTD_FIELD)
     } else {
         None
-    }
-}
-
-fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
-    if let (Some(into), serde_json::Value::Object(from)) = (into.as_object_mut(), from) {
-        into.extend(from);
     }
 }

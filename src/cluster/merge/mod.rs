@@ -359,7 +359,7 @@ fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
                 )));
             }
             if meta.format != first.meta.format || meta.options != first.meta.options {
-                let differences = crate::pack::resume::differences(&first.meta.options, &meta.options);
+                let differences = crate::pack::recorded::differences(&first.meta.options, &meta.options);
                 return Err(refuse(format!(
                     "{theirs} was packed with other options than part 0 ({}); re-pack it with the same command and --overwrite",
                     if meta.format != first.meta.format {
