@@ -180,11 +180,11 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         ),
         _ => {
             bar.message("checking the source");
-            let stamps: Vec<Stamp> =
+            let stamps: Vec<Option<Stamp>> =
                 pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
             // The stamps give the source size an ImageFolder listing does not: a better first
             // LMDB map size.
-            let stamped: u64 = stamps.iter().map(|s| s.size).filter(|&n| n != u64::MAX).sum();
+            let stamped: u64 = stamps.iter().flatten().map(|s| s.size).sum();
             let hint = total_bytes.max(stamped);
             let keys = (first_key, width);
             let opened = open_resumable(config, &listing, &stamps, &run, keys, hint, &mut report)?;
@@ -319,7 +319,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
 fn open_resumable(
     config: &PackConfig,
     listing: &Listing,
-    stamps: &[Stamp],
+    stamps: &[Option<Stamp>],
     run: &Run,
     (first_key, key_width): (u64, usize),
     total_bytes: u64,

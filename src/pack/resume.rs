@@ -11,7 +11,7 @@
 //! one an uninterrupted run writes.
 //!
 //! The run also saves its source listing (every file's path, class, size and modification
-//! time) when it starts. A resumed run lists and `stat`s the source again and refuses to go on
+//! time, in the plan file format: [`Plan::of_listing`]) when it starts. A resumed run lists and `stat`s the source again and refuses to go on
 //! if anything was added, removed or modified, naming what changed: the kept output would
 //! otherwise silently disagree with the source.
 //!
@@ -19,8 +19,7 @@
 //! [`Staged::publish`] removes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::fs::{self, File};
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use imgpack_reader::ShardInfo;
@@ -29,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::pack::recorded::Run;
 use crate::pack::report::Skipped;
 use crate::pack::staged::Staged;
+use crate::source::plan::Plan;
 use crate::source::{Listing, SourceSample, Stamp};
 use crate::{Error, Result};
 
@@ -206,104 +206,39 @@ pub fn skipped(progress: &Progress, samples: &[SourceSample]) -> Vec<Skipped> {
         .collect()
 }
 
-const LISTING_MAGIC: &[u8; 8] = b"IMGPKLST";
-
-/// Saves the listing, with each sample's stamp, zstd-compressed (paths compress ~10x).
-pub fn save_listing(dir: &Path, listing: &Listing, stamps: &[Stamp]) -> Result<()> {
-    let path = dir.join(LISTING_FILE);
-    let io = Error::io(&path);
-    let write = || -> std::io::Result<()> {
-        let file = File::create(&path)?;
-        let mut out = zstd::stream::Encoder::new(BufWriter::new(file), 3)?;
-        out.write_all(LISTING_MAGIC)?;
-        out.write_all(&(listing.classes.len() as u64).to_le_bytes())?;
-        for class in &listing.classes {
-            write_bytes(&mut out, class.as_bytes())?;
-        }
-        out.write_all(&(listing.samples.len() as u64).to_le_bytes())?;
-        for (sample, stamp) in listing.samples.iter().zip(stamps) {
-            out.write_all(&sample.class.to_le_bytes())?;
-            out.write_all(&stamp.size.to_le_bytes())?;
-            out.write_all(&stamp.mtime_ns.to_le_bytes())?;
-            write_bytes(&mut out, &sample.rel_path)?;
-        }
-        let file = out.finish()?.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()
-    };
-    write().map_err(io)
-}
-
-fn write_bytes(out: &mut impl Write, bytes: &[u8]) -> std::io::Result<()> {
-    out.write_all(&(bytes.len() as u32).to_le_bytes())?;
-    out.write_all(bytes)
-}
-
-/// A saved listing: class names, and per sample its class, stamp and relative path.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SavedListing {
-    /// Class names.
-    pub classes: Vec<String>,
-    /// `(class, stamp, relative path)` per sample, in listing order.
-    pub samples: Vec<(u32, Stamp, Vec<u8>)>,
+/// Saves the listing, with each sample's stamp, as a plan file that names no root
+/// ([`Plan::of_listing`]): one format for plans and saved listings.
+pub fn save_listing(dir: &Path, listing: &Listing, stamps: &[Option<Stamp>]) -> Result<()> {
+    Plan::of_listing(listing, stamps).write(&dir.join(LISTING_FILE))
 }
 
 /// Reads a listing saved by [`save_listing`].
-pub fn read_listing(dir: &Path) -> Result<SavedListing> {
+pub fn read_listing(dir: &Path) -> Result<Plan> {
     let path = dir.join(LISTING_FILE);
-    let read = || -> std::io::Result<SavedListing> {
-        let mut input = zstd::stream::Decoder::new(BufReader::new(File::open(&path)?))?;
-        let mut magic = [0u8; 8];
-        input.read_exact(&mut magic)?;
-        if &magic != LISTING_MAGIC {
-            return Err(std::io::Error::other("not a saved listing"));
-        }
-        let classes = (0..read_u64(&mut input)?)
-            .map(|_| read_bytes(&mut input).map(|b| String::from_utf8_lossy(&b).into_owned()))
-            .collect::<std::io::Result<_>>()?;
-        let count = read_u64(&mut input)?;
-        let mut samples = Vec::with_capacity(count.min(1 << 24) as usize);
-        for _ in 0..count {
-            let mut fixed = [0u8; 20];
-            input.read_exact(&mut fixed)?;
-            let class = u32::from_le_bytes(fixed[..4].try_into().expect("4"));
-            let size = u64::from_le_bytes(fixed[4..12].try_into().expect("8"));
-            let mtime_ns = i64::from_le_bytes(fixed[12..20].try_into().expect("8"));
-            samples.push((class, Stamp { size, mtime_ns }, read_bytes(&mut input)?));
-        }
-        Ok(SavedListing { classes, samples })
-    };
-    read().map_err(|e| Error::Resume {
+    Plan::read(&path, None).map_err(|e| Error::Resume {
         reason: format!("the interrupted run's saved listing is unreadable ({e})"),
         path,
     })
 }
 
-fn read_u64(input: &mut impl Read) -> std::io::Result<u64> {
-    let mut b = [0u8; 8];
-    input.read_exact(&mut b)?;
-    Ok(u64::from_le_bytes(b))
-}
-
-fn read_bytes(input: &mut impl Read) -> std::io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    input.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > 1 << 16 {
-        return Err(std::io::Error::other("a path longer than 64 KiB"));
-    }
-    let mut bytes = vec![0u8; len];
-    input.read_exact(&mut bytes)?;
-    Ok(bytes)
-}
-
 /// What changed between the saved listing and the current one, or `None` if nothing did.
-pub fn changes(saved: &SavedListing, listing: &Listing, stamps: &[Stamp]) -> Option<String> {
-    if saved.classes != listing.classes {
-        return Some(format!("the classes changed from {:?} to {:?}", saved.classes, listing.classes));
+pub fn changes(saved: &Plan, listing: &Listing, stamps: &[Option<Stamp>]) -> Option<String> {
+    if saved.header.classes != listing.classes {
+        return Some(format!("the classes changed from {:?} to {:?}", saved.header.classes, listing.classes));
     }
-    let before: HashMap<&[u8], (u32, Stamp)> =
-        saved.samples.iter().map(|(class, stamp, rel)| (rel.as_slice(), (*class, *stamp))).collect();
-    let now: HashMap<&[u8], (u32, Stamp)> = listing
+    // A saved path that does not decode cannot match any listed one: it shows as removed.
+    let saved_paths: Vec<Vec<u8>> = saved
+        .samples
+        .iter()
+        .map(|s| s.path_bytes().unwrap_or_else(|_| s.path.clone().into_bytes()))
+        .collect();
+    let before: HashMap<&[u8], (u32, Option<Stamp>)> = saved
+        .samples
+        .iter()
+        .zip(&saved_paths)
+        .map(|(s, rel)| (rel.as_slice(), (s.class, s.stamp())))
+        .collect();
+    let now: HashMap<&[u8], (u32, Option<Stamp>)> = listing
         .samples
         .iter()
         .zip(stamps)
@@ -317,11 +252,7 @@ pub fn changes(saved: &SavedListing, listing: &Listing, stamps: &[Stamp]) -> Opt
     let reordered = added.is_empty()
         && removed.is_empty()
         && modified.is_empty()
-        && saved
-            .samples
-            .iter()
-            .map(|s| s.2.as_slice())
-            .ne(listing.samples.iter().map(|s| s.rel_path.as_slice()));
+        && saved_paths.iter().map(Vec::as_slice).ne(listing.samples.iter().map(|s| s.rel_path.as_slice()));
     let mut parts = Vec::new();
     for (what, list) in [("added", &mut added), ("removed", &mut removed), ("modified", &mut modified)] {
         if list.is_empty() {
@@ -401,30 +332,37 @@ mod tests {
             samples: vec![sample(0, "a/1.jpg", 0), sample(1, "b/\u{e9}.jpg", 1)],
             ..Listing::default()
         };
-        let stamps = [Stamp { size: 5, mtime_ns: 7 }, Stamp { size: 6, mtime_ns: 8 }];
+        let stamps = [Some(Stamp { size: 5, mtime_ns: 7 }), None];
         save_listing(dir.path(), &listing, &stamps).unwrap();
         let saved = read_listing(dir.path()).unwrap();
-        assert_eq!(saved.classes, listing.classes);
-        assert_eq!(saved.samples[1], (1, stamps[1], "b/\u{e9}.jpg".as_bytes().to_vec()));
+        assert_eq!(saved.header.classes, listing.classes);
+        assert_eq!(saved.samples[0].stamp(), stamps[0]);
+        assert_eq!((saved.samples[1].class, saved.samples[1].stamp()), (1, None), "no stamp stays none");
+        assert_eq!(saved.samples[1].path_bytes().unwrap(), "b/\u{e9}.jpg".as_bytes());
         assert_eq!(changes(&saved, &listing, &stamps), None);
+        // The saved listing is a plan, read by the plan reader.
+        assert!(crate::source::plan::is_plan(&dir.path().join(LISTING_FILE)));
+        // A file that can be stat-ed now but could not then has changed.
+        let now = [stamps[0], Some(Stamp { size: 1, mtime_ns: 1 })];
+        assert_eq!(changes(&saved, &listing, &now).as_deref(), Some("1 modified (b/\u{e9}.jpg)"));
     }
 
     #[test]
     fn changes_name_what_was_added_removed_and_modified() {
         let classes = vec!["a".to_string()];
-        let saved = SavedListing {
+        let before = Listing {
             classes: classes.clone(),
-            samples: vec![
-                (0, Stamp { size: 1, mtime_ns: 1 }, b"a/1.jpg".to_vec()),
-                (0, Stamp { size: 1, mtime_ns: 1 }, b"a/2.jpg".to_vec()),
-            ],
+            samples: vec![sample(0, "a/1.jpg", 0), sample(1, "a/2.jpg", 0)],
+            ..Listing::default()
         };
+        let one = Some(Stamp { size: 1, mtime_ns: 1 });
+        let saved = Plan::of_listing(&before, &[one, one]);
         let listing = Listing {
             classes,
             samples: vec![sample(0, "a/1.jpg", 0), sample(1, "a/3.jpg", 0)],
             ..Listing::default()
         };
-        let stamps = [Stamp { size: 2, mtime_ns: 1 }, Stamp { size: 1, mtime_ns: 1 }];
+        let stamps = [Some(Stamp { size: 2, mtime_ns: 1 }), one];
         let text = changes(&saved, &listing, &stamps).unwrap();
         assert_eq!(text, "1 added (a/3.jpg); 1 removed (a/2.jpg); 1 modified (a/1.jpg)");
     }

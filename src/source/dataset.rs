@@ -80,8 +80,8 @@ impl Source for PackedDataset {
 
     /// A published dataset is never rewritten, and its samples are not files of their own:
     /// the stored size stands for the sample.
-    fn stamp(&self, sample: &SourceSample) -> super::Stamp {
-        super::Stamp { size: sample.size, mtime_ns: 0 }
+    fn stamp(&self, sample: &SourceSample) -> Option<super::Stamp> {
+        Some(super::Stamp { size: sample.size, mtime_ns: 0 })
     }
 
     fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {

@@ -51,27 +51,27 @@ pub trait Source: Sync {
 
     /// The sample's size and modification time, which `--resume` compares to tell whether the
     /// source changed. By default the file at `sample.path`, followed through symlinks.
-    fn stamp(&self, sample: &SourceSample) -> Stamp {
+    fn stamp(&self, sample: &SourceSample) -> Option<Stamp> {
         Stamp::of(&sample.path)
     }
 }
 
-/// A file's size and modification time, as `stat` says when the run starts.
+/// A file's size and modification time, as `stat` says when the run starts. A file that cannot
+/// be `stat`ed has none (`None` where stamps are listed); reading it will say why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp {
-    /// Size in bytes (`u64::MAX` if the file could not be `stat`ed).
+    /// Size in bytes.
     pub size: u64,
-    /// Modification time in nanoseconds since the epoch (the error number if not `stat`ed).
+    /// Modification time in nanoseconds since the epoch.
     pub mtime_ns: i64,
 }
 
 impl Stamp {
-    /// The stamp of the file at `path`, following symlinks as reading does.
-    pub fn of(path: &Path) -> Stamp {
+    /// The stamp of the file at `path`, following symlinks as reading does; `None` when it
+    /// cannot be `stat`ed.
+    pub fn of(path: &Path) -> Option<Stamp> {
         use std::os::unix::fs::MetadataExt;
-        match fs::metadata(path) {
-            Ok(m) => Stamp { size: m.len(), mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec() },
-            Err(e) => Stamp { size: u64::MAX, mtime_ns: i64::from(e.raw_os_error().unwrap_or(-1)) },
-        }
+        let m = fs::metadata(path).ok()?;
+        Some(Stamp { size: m.len(), mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec() })
     }
 }

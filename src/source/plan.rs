@@ -67,6 +67,24 @@ pub struct Planned {
     pub mtime_ns: i64,
 }
 
+impl Planned {
+    /// The size and modification time when planned; `None` if the file could not be `stat`ed
+    /// then (recorded as size 0 and time 0).
+    pub fn stamp(&self) -> Option<Stamp> {
+        (self.size != 0 || self.mtime_ns != 0).then_some(Stamp { size: self.size, mtime_ns: self.mtime_ns })
+    }
+
+    /// The exact relative path bytes, from `path` or, when it is not UTF-8, `path_hex`.
+    pub fn path_bytes(&self) -> std::result::Result<Vec<u8>, String> {
+        imgpack_reader::SampleInfo {
+            path: self.path.clone(),
+            class: String::new(),
+            path_hex: self.path_hex.clone(),
+        }
+        .path_bytes()
+    }
+}
+
 /// A plan, or the samples of one part of it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -79,8 +97,14 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// A plan of `listing` (already in its final order) with the samples' `stamps`.
-    pub fn new(root: &Path, options: serde_json::Value, listing: &Listing, stamps: &[Stamp]) -> Result<Plan> {
+    /// A plan of `listing` (already in its final order) with the samples' `stamps`, made from
+    /// the tree at `root` with the listing `options`.
+    pub fn new(
+        root: &Path,
+        options: serde_json::Value,
+        listing: &Listing,
+        stamps: &[Option<Stamp>],
+    ) -> Result<Plan> {
         let root_abs = root.canonicalize().map_err(Error::io(root))?;
         let text = |p: &Path| {
             p.to_str().map(str::to_string).ok_or_else(|| Error::BadSource {
@@ -88,25 +112,35 @@ impl Plan {
                 reason: "a plan needs a source path that is valid UTF-8".into(),
             })
         };
+        let mut plan = Plan::of_listing(listing, stamps);
+        plan.header.root = text(root)?;
+        plan.header.root_abs = text(&root_abs)?;
+        plan.header.options = options;
+        Ok(plan)
+    }
+
+    /// A plan of `listing` with the samples' `stamps` that names no root and no options: what
+    /// a resumable run saves of its listing, to tell later whether the source changed
+    /// ([`crate::pack::resume`]). One format for both, so one reader and one writer.
+    pub fn of_listing(listing: &Listing, stamps: &[Option<Stamp>]) -> Plan {
         let samples: Vec<Planned> = listing
             .samples
             .iter()
             .zip(stamps)
             .map(|(s, stamp)| {
                 let info = imgpack_reader::SampleInfo::new(&s.rel_path, "");
-                let (size, mtime_ns) =
-                    if stamp.size == u64::MAX { (0, 0) } else { (stamp.size, stamp.mtime_ns) };
+                let (size, mtime_ns) = stamp.map_or((0, 0), |s| (s.size, s.mtime_ns));
                 Planned { path: info.path, path_hex: info.path_hex, class: s.class, size, mtime_ns }
             })
             .collect();
-        Ok(Plan {
+        Plan {
             header: Header {
                 format: FORMAT_NAME.into(),
                 version: PLAN_VERSION,
                 tool: crate::TOOL.into(),
-                root: text(root)?,
-                root_abs: text(&root_abs)?,
-                options,
+                root: String::new(),
+                root_abs: String::new(),
+                options: serde_json::Value::Null,
                 classes: listing.classes.clone(),
                 empty_classes: listing.empty_classes.clone(),
                 warnings: listing.warnings.clone(),
@@ -115,7 +149,7 @@ impl Plan {
             },
             samples,
             first: 0,
-        })
+        }
     }
 
     /// Writes the plan to `path` atomically (a temporary beside it, synced, then renamed).
@@ -236,7 +270,8 @@ pub fn make(root: &Path, extensions: &[String], seed: Option<u64>, threads: NonZ
         .num_threads(threads.get())
         .build()
         .map_err(|e| Error::Threads { threads: threads.get(), reason: e.to_string() })?;
-    let stamps: Vec<Stamp> = pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
+    let stamps: Vec<Option<Stamp>> =
+        pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
     let options = serde_json::json!({"extensions": extensions, "shuffle": seed.is_some(), "seed": seed});
     Plan::new(root, options, &listing, &stamps)
 }
@@ -303,12 +338,7 @@ impl Source for PlanSource {
 
 /// The exact relative path bytes of a planned sample.
 fn planned_path(sample: &Planned) -> std::result::Result<Vec<u8>, String> {
-    let info = imgpack_reader::SampleInfo {
-        path: sample.path.clone(),
-        class: String::new(),
-        path_hex: sample.path_hex.clone(),
-    };
-    let bytes = info.path_bytes()?;
+    let bytes = sample.path_bytes()?;
     // The same test that keeps an unpacked tree inside its output keeps reads inside the root.
     crate::sink::imagefolder::safe_relative(&bytes)?;
     Ok(bytes)
