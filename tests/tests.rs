@@ -3,6 +3,7 @@
 
 mod util;
 
+mod architecture;
 mod bad_input;
 mod bench_read;
 mod convert;
