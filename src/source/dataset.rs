@@ -16,7 +16,7 @@ use crate::Result;
 /// sample would be re-packed under a fresh checksum of its damaged bytes, and the damage would
 /// no longer show. A damaged sample is skipped (or stops the run) with the reason. Listing
 /// reads only the small fields and checks nothing, so the dataset is switched to checking
-/// reads once it is listed (LMDB allows one handle per process, so it cannot be opened twice).
+/// reads once it is listed.
 #[derive(Debug)]
 pub struct PackedDataset {
     dataset: std::sync::RwLock<Option<Dataset>>,
@@ -100,4 +100,87 @@ impl Source for PackedDataset {
 /// Whether `path` holds a dataset written by `pack`.
 pub fn is_packed(path: &Path) -> bool {
     imgpack_reader::detect(path).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::imagefolder::ImageFolder;
+    use crate::{OutputFormat, PackConfig};
+
+    /// testdata packed into `format` in `dir`, and the tree's own listing.
+    fn packed(dir: &Path, format: OutputFormat) -> (PathBuf, Listing) {
+        let tree = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/imagefolder");
+        let out = dir.join("out");
+        let config = PackConfig::new(&tree, &out, format);
+        crate::pack::pack(&config, &crate::progress::Silent).unwrap();
+        let listing = ImageFolder::new(&tree, &config.extensions).list().unwrap();
+        (out, listing)
+    }
+
+    #[test]
+    fn a_packed_dataset_lists_and_loads_what_the_tree_held() {
+        let formats = [
+            OutputFormat::Lmdb,
+            OutputFormat::WebDataset {
+                prefix: "s".into(),
+                limits: crate::sink::webdataset::ShardLimits { max_bytes: 1 << 20, max_samples: None },
+            },
+        ];
+        for format in formats {
+            let dir = tempfile::tempdir().unwrap();
+            let (out, tree) = packed(dir.path(), format.clone());
+            assert!(is_packed(&out));
+            let source = PackedDataset::open(&out).unwrap();
+            let listing = source.list().unwrap();
+            assert_eq!(listing.classes, tree.classes, "{format:?}");
+            // Packed samples keep the tree's order, paths and classes (skipped ones are gone).
+            let tree_rest: Vec<_> = tree.samples.iter().map(|s| (s.rel_path.clone(), s.class)).collect();
+            let mut packed_rest = listing.samples.iter().map(|s| (s.rel_path.clone(), s.class));
+            let mut found = 0;
+            for want in &tree_rest {
+                if packed_rest.clone().next().as_ref() == Some(want) {
+                    packed_rest.next();
+                    found += 1;
+                }
+            }
+            assert_eq!(found, listing.samples.len(), "{format:?}: listing is the tree's order");
+            assert!(found > 0);
+            for sample in &listing.samples {
+                let rel = std::str::from_utf8(&sample.rel_path).unwrap();
+                let original = std::fs::read(
+                    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/imagefolder").join(rel),
+                )
+                .unwrap();
+                assert_eq!(source.load(sample).unwrap(), original, "{format:?} {rel}");
+                assert_eq!(source.stamp(sample).map(|s| s.size), Some(original.len() as u64));
+            }
+        }
+    }
+
+    #[test]
+    fn a_damaged_sample_fails_to_load_instead_of_being_repacked() {
+        let dir = tempfile::tempdir().unwrap();
+        let format = OutputFormat::WebDataset {
+            prefix: "s".into(),
+            limits: crate::sink::webdataset::ShardLimits { max_bytes: 1 << 20, max_samples: None },
+        };
+        let (out, _) = packed(dir.path(), format);
+        let source = PackedDataset::open(&out).unwrap();
+        let listing = source.list().unwrap();
+        // Flip one byte in the middle of the first sample's image, in its shard.
+        let shard = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "tar"))
+            .unwrap();
+        let mut bytes = std::fs::read(&shard).unwrap();
+        let first = &listing.samples[0];
+        let image = source.load(first).unwrap();
+        let at = bytes.windows(image.len()).position(|w| w == image.as_slice()).unwrap() + image.len() / 2;
+        bytes[at] ^= 0xff;
+        std::fs::write(&shard, &bytes).unwrap();
+        let err = source.load(first).unwrap_err().to_string();
+        assert!(err.to_lowercase().contains("checksum") || err.contains("CRC"), "{err}");
+    }
 }
