@@ -2,7 +2,6 @@
 //! lives in the `imgpack` library so tests and benchmarks run exactly the same code.
 
 mod cli;
-mod writev;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
