@@ -128,8 +128,8 @@ fn thread_count(text: &str) -> Result<NonZeroUsize, String> {
 }
 
 /// A `--threads` count, all cores when not given.
-fn threads(given: Option<NonZeroUsize>) -> imgpack::Result<usize> {
-    Ok(given.unwrap_or_else(imgpack::pack::config::all_cores).get())
+fn threads(given: Option<NonZeroUsize>) -> imgpack::Result<NonZeroUsize> {
+    Ok(given.unwrap_or_else(imgpack::pack::config::all_cores))
 }
 
 impl MergeArgs {

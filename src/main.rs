@@ -196,9 +196,7 @@ fn plan(args: &cli::PlanArgs) -> imgpack::Result<u8> {
 fn verify(args: &cli::VerifyArgs) -> imgpack::Result<u8> {
     let options = args.to_options()?;
     let bar = progress_bar(args.output.quiet, BYTES_BAR);
-    bar.set_length(imgpack::verify::dataset_bytes(&args.path));
-    let verified = imgpack::verify::verify(&args.path, &options, &|done| bar.set_position(done))?;
-    bar.finish_and_clear();
+    let verified = imgpack::verify::verify(&args.path, &options, &Bar(bar))?;
     let mut stdout = std::io::stdout().lock();
     if args.output.json {
         let json = serde_json::to_string(&verified).expect("report serialises");
@@ -213,7 +211,7 @@ fn verify(args: &cli::VerifyArgs) -> imgpack::Result<u8> {
 fn merge(args: &cli::MergeArgs) -> imgpack::Result<u8> {
     let options = args.to_options()?;
     let bar = progress_bar(args.output.quiet, BYTES_BAR);
-    let merged = imgpack::cluster::merge::merge(&args.path, &options, &bar)?;
+    let merged = imgpack::cluster::merge::merge(&args.path, &options, &Bar(bar))?;
     print_summary(&args.output, &merged);
     Ok(merged.exit_code() as u8)
 }

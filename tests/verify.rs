@@ -3,14 +3,16 @@
 //! reader's `verify_checksums` refuses a damaged sample and reads the others.
 
 use std::fs;
+use std::num::NonZeroUsize;
 use std::path::Path;
 
+use imgpack::progress::Silent;
 use imgpack::verify::{verify, Verified, VerifyOptions};
 use imgpack_reader::webdataset::{WebDataset, BLOCK};
 
 use crate::util::{pack, Fixture};
 
-const OPTIONS: VerifyOptions = VerifyOptions { decode: false, threads: 2 };
+const OPTIONS: VerifyOptions = VerifyOptions { decode: false, threads: NonZeroUsize::new(2).unwrap() };
 
 /// A small deterministic generator, so a failure names a flip that can be replayed.
 struct Rng(u64);
@@ -36,7 +38,7 @@ fn packed(fx: &Fixture, name: &str, extra: &[&str]) -> std::path::PathBuf {
 }
 
 fn check(path: &Path) -> Verified {
-    verify(path, &OPTIONS, &|_| {}).unwrap()
+    verify(path, &OPTIONS, &Silent).unwrap()
 }
 
 /// XORs the byte at `at` of `file` with `mask` (applying it twice restores the file).
@@ -96,7 +98,8 @@ fn intact_outputs_verify_clean_in_every_mode() {
             stdout.contains("31 samples of 31 checked") && stdout.contains("ok: no problem found"),
             "{name}: {stdout}"
         );
-        let verified = verify(&out, &VerifyOptions { decode: true, threads: 1 }, &|_| {}).unwrap();
+        let verified =
+            verify(&out, &VerifyOptions { decode: true, threads: NonZeroUsize::MIN }, &Silent).unwrap();
         assert!(verified.is_ok() && verified.checked == 31, "{name}: {:?}", verified.problems);
     }
 }

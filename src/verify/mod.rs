@@ -14,23 +14,19 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use imgpack_reader::checksum::{crc32, crc32_parts, Table, TABLE_KEY};
 use imgpack_reader::format::{CLS_FIELD, JSON_FIELD, NPY_FIELD, NPY_ZSTD_FIELD};
-use imgpack_reader::key::{format_key, split_field_name, META_KEY};
-use imgpack_reader::webdataset::{
-    dali_index_header, dali_index_line, is_shard_name, parse_member, DaliComponent, IndexEntry, IndexHeader,
-    WidsIndex, BLOCK, END_OF_ARCHIVE, INDEX_ENTRY_LEN, INDEX_HEADER_LEN, META_FILE, SAMPLE_INDEX_FILE,
-    WIDS_INDEX_FILE,
-};
-use imgpack_reader::{ImageFormat, Kind, Meta, SampleInfo, ShardInfo};
-use md5::{Digest, Md5};
-use rayon::prelude::*;
+use imgpack_reader::webdataset::META_FILE;
+use imgpack_reader::{ImageFormat, Kind, Meta, SampleInfo};
 use serde::Serialize;
 
+use crate::progress::Progress;
 use crate::transcode::check::check;
 use crate::transcode::decode::{decode, DecodeOptions};
 use crate::transcode::encode::npy_shape;
 use crate::{Error, Result};
+
+mod lmdb;
+mod webdataset;
 
 /// What to check beyond the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +34,7 @@ pub struct VerifyOptions {
     /// Decode every image (and check every `.npy` shape) as well.
     pub decode: bool,
     /// Worker threads.
-    pub threads: usize,
+    pub threads: std::num::NonZeroUsize,
 }
 
 /// One thing wrong with a dataset.
@@ -127,15 +123,15 @@ impl fmt::Display for Verified {
     }
 }
 
-/// Checks the dataset at `path` end to end. `progress` is called with the sample data bytes
-/// read so far (for a progress bar); the total is [`dataset_bytes`].
-pub fn verify(path: &Path, options: &VerifyOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<Verified> {
+/// Checks the dataset at `path` end to end, reporting to `progress` the sample data bytes read
+/// of [`dataset_bytes`].
+pub fn verify(path: &Path, options: &VerifyOptions, progress: &dyn Progress) -> Result<Verified> {
     let started = std::time::Instant::now();
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(options.threads)
+        .num_threads(options.threads.get())
         .thread_name(|i| format!("imgpack-verify-{i}"))
         .build()
-        .map_err(|e| Error::Usage(format!("cannot start {} worker threads: {e}", options.threads)))?;
+        .map_err(|e| Error::Threads { threads: options.threads.get(), reason: e.to_string() })?;
     if imgpack_reader::is_unfinished(path) {
         return Err(Error::BadSource {
             path: path.to_path_buf(),
@@ -143,9 +139,10 @@ pub fn verify(path: &Path, options: &VerifyOptions, progress: &(dyn Fn(u64) + Sy
         });
     }
     let mut verified = Verified::new(path, options.decode);
+    progress.length(dataset_bytes(path));
     match imgpack_reader::detect(path) {
-        Some(Kind::Lmdb) => pool.install(|| lmdb(path, options, &mut verified, progress))?,
-        Some(Kind::WebDataset) => pool.install(|| webdataset(path, options, &mut verified, progress)),
+        Some(Kind::Lmdb) => pool.install(|| lmdb::check(path, options, &mut verified, progress))?,
+        Some(Kind::WebDataset) => pool.install(|| webdataset::check(path, options, &mut verified, progress)),
         None => {
             return Err(Error::BadSource {
                 path: path.to_path_buf(),
@@ -154,6 +151,7 @@ pub fn verify(path: &Path, options: &VerifyOptions, progress: &(dyn Fn(u64) + Sy
         }
     }
     verified.seconds = started.elapsed().as_secs_f64();
+    progress.finish();
     Ok(verified)
 }
 
@@ -286,589 +284,50 @@ fn sample_place(key: &str) -> String {
     format!("sample {key}")
 }
 
-// ---------------------------------------------------------------------------------------------
-// LMDB
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Datasets for the per-format tests: testdata packed by the real pipeline, then damaged.
 
-fn lmdb(
-    path: &Path,
-    options: &VerifyOptions,
-    verified: &mut Verified,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<()> {
-    use heed::types::Bytes;
-    use heed::Database;
+    use std::path::{Path, PathBuf};
 
-    let data = "data.mdb";
-    // Through the one LMDB opener, with the reader's flags (readahead off: `Ahead` makes up for
-    // it), and shared with any reader of the dataset this process has open.
-    let env = match imgpack_reader::lmdb::open_env(path) {
-        Ok(env) => env,
-        Err(imgpack_reader::Error::Lmdb { source: heed::Error::EnvAlreadyOpened, .. }) => {
-            return Err(Error::Usage(format!(
-                "{}: this program already has the dataset open for writing (LMDB allows one handle per process); check it after closing it",
-                path.display()
-            )))
-        }
-        Err(e) => {
-            verified.problem(data, format!("LMDB cannot open it: {e}"));
-            return Ok(());
-        }
-    };
-    let lmdb_problem = |verified: &mut Verified, e: heed::Error| verified.problem(data, format!("LMDB: {e}"));
-    let txn = match env.read_txn() {
-        Ok(txn) => txn,
-        Err(e) => {
-            lmdb_problem(verified, e);
-            return Ok(());
-        }
-    };
-    let db: Database<Bytes, Bytes> = match env.open_database(&txn, None) {
-        Ok(Some(db)) => db,
-        Ok(None) => {
-            verified.problem(data, "no main database");
-            return Ok(());
-        }
-        Err(e) => {
-            lmdb_problem(verified, e);
-            return Ok(());
-        }
-    };
-    let raw_meta = match db.get(&txn, META_KEY.as_bytes()) {
-        Ok(Some(raw)) => raw,
-        Ok(None) => {
-            verified.problem(META_KEY, "missing: the run that wrote this dataset did not finish");
-            return Ok(());
-        }
-        Err(e) => {
-            lmdb_problem(verified, e);
-            return Ok(());
-        }
-    };
-    let Some(meta) = read_meta(raw_meta, META_KEY, imgpack_reader::lmdb::FORMAT_NAME, verified) else {
-        return Ok(());
-    };
-    let sums = if meta.checksum.is_none() {
-        None
-    } else {
-        match db.get(&txn, TABLE_KEY.as_bytes()) {
-            Ok(Some(raw)) => match Table::decode(raw) {
-                Ok(table) => {
-                    if table.meta_crc32 != crc32(raw_meta) {
-                        verified.problem(
-                            META_KEY,
-                            format!(
-                                "its CRC-32 is {:08x}, {TABLE_KEY} records {:08x}",
-                                crc32(raw_meta),
-                                table.meta_crc32
-                            ),
-                        );
-                    }
-                    if table.samples.len() as u64 != meta.samples {
-                        verified.problem(
-                            TABLE_KEY,
-                            format!("holds {} checksums for {} samples", table.samples.len(), meta.samples),
-                        );
-                    }
-                    Some(table.samples)
-                }
-                Err(reason) => {
-                    verified.problem(TABLE_KEY, reason);
-                    None
-                }
-            },
-            Ok(None) => {
-                verified.problem(TABLE_KEY, "missing");
-                None
-            }
-            Err(e) => {
-                lmdb_problem(verified, e);
-                None
-            }
-        }
-    };
+    use super::{verify, Verified, VerifyOptions};
+    use crate::{OutputFormat, PackConfig};
 
-    let iter = match db.iter(&txn) {
-        Ok(iter) => iter,
-        Err(e) => {
-            lmdb_problem(verified, e);
-            return Ok(());
-        }
-    };
-    // Samples are gathered in batches so their checks (CRC, and decoding with `decode`) run in
-    // parallel, while the cursor walks the keys in order.
-    let mut batch: Vec<LmdbSample<'_>> = Vec::new();
-    let mut current: Option<LmdbSample<'_>> = None;
-    let mut next_index = 0u64;
-    let mut specials = Vec::new();
-    let mut bytes = 0u64;
-    let mut ahead = Ahead::new(&path.join(data));
-    for entry in iter {
-        let (name, value) = match entry {
-            Ok(entry) => entry,
-            Err(e) => {
-                lmdb_problem(verified, e);
-                break;
-            }
-        };
-        bytes += value.len() as u64;
-        let name_text = String::from_utf8_lossy(name);
-        if name.starts_with(b"__") {
-            specials.push(name_text.into_owned());
-            continue;
-        }
-        if !specials.is_empty() {
-            verified.problem(format!("record {name_text:?}"), "sorts after the dataset's own records");
-            continue;
-        }
-        // The cursor walks the leaf pages; a lookup goes down the branch pages. Both must find
-        // the same record, or readers that look keys up (all of them) miss it.
-        if !matches!(db.get(&txn, name), Ok(Some(found)) if found.as_ptr() == value.as_ptr()) {
-            verified.problem(
-                format!("record {name_text:?}"),
-                "a lookup by its key does not find it: the B-tree is damaged",
-            );
-        }
-        let Some((key, ext)) = std::str::from_utf8(name).ok().and_then(split_field_name) else {
-            verified.problem(format!("record {name_text:?}"), "is not {key}.{ext}");
-            continue;
-        };
-        if current.as_ref().is_none_or(|s| s.key != key) {
-            if let Some(done) = current.take() {
-                batch.push(done);
-            }
-            // A key out of sequence: say which samples are missing, then check it as found.
-            let parsed = key.parse::<u64>().ok().filter(|_| key.len() == meta.key_width);
-            match parsed {
-                Some(index) if index == next_index => {}
-                Some(index) if index > next_index => verified.problem(
-                    sample_place(&format_key(next_index, meta.key_width)),
-                    if index - next_index == 1 {
-                        "missing: no record is stored under its key".to_string()
-                    } else {
-                        format!(
-                            "missing, with the {} samples after it: keys jump to {key}",
-                            index - next_index - 1
-                        )
-                    },
-                ),
-                _ => verified.problem(
-                    format!("record {name_text:?}"),
-                    format!(
-                        "key {key:?} is out of sequence: expected {}",
-                        format_key(next_index, meta.key_width)
-                    ),
-                ),
-            }
-            let index = parsed.filter(|&i| i >= next_index).unwrap_or(next_index);
-            next_index = index + 1;
-            current = Some(LmdbSample { key, index, fields: Vec::new() });
-        }
-        current.as_mut().expect("set above").fields.push((ext, value));
-        if batch.len() >= 256 {
-            check_lmdb_batch(&mut batch, &meta, sums.as_deref(), options, verified);
-            progress(bytes);
-            ahead.reached(bytes);
-        }
-    }
-    batch.extend(current.take());
-    check_lmdb_batch(&mut batch, &meta, sums.as_deref(), options, verified);
-    progress(bytes);
-    verified.bytes = bytes;
-    if next_index < meta.samples {
-        verified.problem(
-            sample_place(&format_key(next_index, meta.key_width)),
-            format!(
-                "missing, with every sample after it: the dataset ends at {next_index} of {} samples",
-                meta.samples
-            ),
-        );
-    } else if next_index > meta.samples {
-        verified.problem(META_KEY, format!("says {} samples, {next_index} are stored", meta.samples));
-    }
-    let expected_specials: Vec<String> =
-        if meta.checksum.is_some() { vec![TABLE_KEY.into(), META_KEY.into()] } else { vec![META_KEY.into()] };
-    for name in specials.iter().filter(|n| !expected_specials.contains(n)) {
-        verified.problem(format!("record {name:?}"), "is not a record imgpack writes");
-    }
-    Ok(())
-}
-
-/// Asks the kernel to read `data.mdb` ahead of the cursor. The map is opened with readahead
-/// off (as the reader opens it), which would make a cold end-to-end check fault in one 4 KiB
-/// page at a time; an `MDB_APPEND`-written database lies in the file in key order, so
-/// the bytes checked so far say roughly where the cursor is.
-struct Ahead {
-    file: Option<std::fs::File>,
-    advised: u64,
-}
-
-impl Ahead {
-    const WINDOW: u64 = 64 << 20;
-
-    fn new(path: &Path) -> Ahead {
-        let mut ahead = Ahead { file: std::fs::File::open(path).ok(), advised: 0 };
-        ahead.reached(0);
-        ahead
+    /// testdata packed into `format` at `dir/out`.
+    pub fn packed(dir: &Path, format: OutputFormat) -> PathBuf {
+        let tree = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/imagefolder");
+        let out = dir.join("out");
+        crate::pack::pack(&PackConfig::new(&tree, &out, format), &crate::progress::Silent).unwrap();
+        out
     }
 
-    fn reached(&mut self, offset: u64) {
-        use std::os::fd::AsRawFd;
-        let Some(file) = &self.file else { return };
-        if offset + Self::WINDOW / 2 < self.advised {
-            return;
-        }
-        let len = Self::WINDOW.min(i64::MAX as u64) as i64;
-        // SAFETY: posix_fadvise only schedules reads of an open descriptor; the advice is advice.
-        unsafe {
-            libc::posix_fadvise(file.as_raw_fd(), self.advised as i64, len, libc::POSIX_FADV_WILLNEED);
-        }
-        self.advised = offset.max(self.advised) + Self::WINDOW;
-    }
-}
-
-struct LmdbSample<'t> {
-    key: &'t str,
-    index: u64,
-    fields: Vec<(&'t str, &'t [u8])>,
-}
-
-fn check_lmdb_batch(
-    batch: &mut Vec<LmdbSample<'_>>,
-    meta: &Meta,
-    sums: Option<&[u32]>,
-    options: &VerifyOptions,
-    verified: &mut Verified,
-) {
-    let found: Vec<Vec<String>> = batch
-        .par_iter()
-        .map(|sample| {
-            let mut problems = check_fields(&sample.fields, meta, options.decode);
-            if let Some(&expected) = sums.and_then(|s| s.get(sample.index as usize)) {
-                let actual = crc32_parts(sample.fields.iter().map(|(_, data)| *data));
-                if actual != expected {
-                    problems.insert(0, format!("CRC-32 is {actual:08x}, {TABLE_KEY} records {expected:08x}"));
-                }
-            }
-            problems
-        })
-        .collect();
-    for (sample, problems) in batch.iter().zip(found) {
-        if sample.index < meta.samples {
-            verified.checked += 1;
-        }
-        for reason in problems {
-            verified.problem(sample_place(sample.key), reason);
-        }
-    }
-    batch.clear();
-}
-
-// ---------------------------------------------------------------------------------------------
-// WebDataset
-
-fn webdataset(dir: &Path, options: &VerifyOptions, verified: &mut Verified, progress: &(dyn Fn(u64) + Sync)) {
-    let raw_meta = match std::fs::read(dir.join(META_FILE)) {
-        Ok(raw) => raw,
-        Err(e) => return verified.problem(META_FILE, format!("cannot read it: {e}")),
-    };
-    let Some(meta) = read_meta(&raw_meta, META_FILE, imgpack_reader::webdataset::FORMAT_NAME, verified)
-    else {
-        return;
-    };
-    let entries = read_index(dir, &meta, crc32(&raw_meta), verified);
-    check_shard_list(&meta, verified);
-    check_wids(dir, &meta, verified);
-
-    let read = std::sync::atomic::AtomicU64::new(0);
-    let results: Vec<ShardCheck> = meta
-        .shards
-        .par_iter()
-        .enumerate()
-        .map(|(number, shard)| {
-            let result = check_shard(dir, &meta, number, shard, &entries, options);
-            let total = read.fetch_add(result.bytes, std::sync::atomic::Ordering::Relaxed) + result.bytes;
-            progress(total);
-            result
-        })
-        .collect();
-    for result in results {
-        verified.checked += result.checked;
-        verified.bytes += result.bytes;
-        verified.problems.extend(result.problems);
-    }
-    let listed: u64 = meta.shards.iter().map(|s| s.samples).sum();
-    if listed != meta.samples {
-        verified.problem(META_FILE, format!("its shards hold {listed} samples, it says {}", meta.samples));
-    }
-}
-
-/// Reads `imgpack.index`, checks its header, and returns the entries it holds (as many as are
-/// whole, even if that is not the count it should have).
-fn read_index(dir: &Path, meta: &Meta, meta_crc: u32, verified: &mut Verified) -> Vec<IndexEntry> {
-    let index = match std::fs::read(dir.join(SAMPLE_INDEX_FILE)) {
-        Ok(index) => index,
-        Err(e) => {
-            verified.problem(SAMPLE_INDEX_FILE, format!("cannot read it: {e}"));
-            return Vec::new();
-        }
-    };
-    match IndexHeader::decode(&index) {
-        None => verified.problem(SAMPLE_INDEX_FILE, "its header is not an imgpack.index header"),
-        Some(header) => {
-            if header.samples != meta.samples {
-                verified.problem(
-                    SAMPLE_INDEX_FILE,
-                    format!("its header says {} samples, {META_FILE} says {}", header.samples, meta.samples),
-                );
-            }
-            if meta.checksum.is_some() && header.meta_crc32 != meta_crc {
-                verified.problem(
-                    META_FILE,
-                    format!(
-                        "its CRC-32 is {meta_crc:08x}, {SAMPLE_INDEX_FILE} records {:08x}",
-                        header.meta_crc32
-                    ),
-                );
-            }
-        }
-    }
-    let body = index.get(INDEX_HEADER_LEN..).unwrap_or_default();
-    let expected = meta.samples.saturating_mul(INDEX_ENTRY_LEN as u64);
-    if body.len() as u64 != expected {
-        verified.problem(
-            SAMPLE_INDEX_FILE,
-            format!("holds {} bytes of entries, {} samples need {expected}", body.len(), meta.samples),
-        );
-    }
-    body.chunks_exact(INDEX_ENTRY_LEN)
-        .map(|chunk| IndexEntry::decode(chunk.try_into().expect("chunks_exact")))
-        .collect()
-}
-
-/// The shard list must tile the samples in order, with names that stay inside the dataset.
-fn check_shard_list(meta: &Meta, verified: &mut Verified) {
-    let mut next = 0u64;
-    for (n, shard) in meta.shards.iter().enumerate() {
-        if !is_shard_name(&shard.name) || !shard.name.ends_with(".tar") {
-            verified.problem(
-                META_FILE,
-                format!("shard {n} is named {:?}, which is not a shard file inside the dataset", shard.name),
-            );
-        }
-        if shard.first != next {
-            verified.problem(
-                META_FILE,
-                format!(
-                    "shard {} starts at sample {}, the one before ends at {next}",
-                    shard.name, shard.first
-                ),
-            );
-        }
-        next = shard.first.saturating_add(shard.samples);
-    }
-}
-
-/// `shardindex.json` must be exactly what the writer makes of the shard list.
-fn check_wids(dir: &Path, meta: &Meta, verified: &mut Verified) {
-    let expected = WidsIndex::of(&meta.shards);
-    match std::fs::read(dir.join(WIDS_INDEX_FILE)) {
-        Err(e) => verified.problem(WIDS_INDEX_FILE, format!("cannot read it: {e}")),
-        Ok(raw) if raw != crate::encoding::json_bytes(&expected) => {
-            let reason = match serde_json::from_slice::<WidsIndex>(&raw) {
-                Err(e) => format!("not a wids shard index: {e}"),
-                Ok(found) if found == expected => "differs from what pack writes (formatting)".to_string(),
-                Ok(found) => {
-                    match found.shardlist.iter().zip(&expected.shardlist).position(|(a, b)| a != b) {
-                        Some(i) => format!(
-                            "entry {i} is {:?}, the shard list says {:?}",
-                            found.shardlist[i], expected.shardlist[i]
-                        ),
-                        None => "does not match the shard list in imgpack.json".to_string(),
-                    }
-                }
-            };
-            verified.problem(WIDS_INDEX_FILE, reason);
-        }
-        Ok(_) => {}
-    }
-}
-
-#[derive(Default)]
-struct ShardCheck {
-    checked: u64,
-    bytes: u64,
-    problems: Vec<Problem>,
-}
-
-impl ShardCheck {
-    fn problem(&mut self, place: impl Into<String>, reason: impl Into<String>) {
-        self.problems.push(Problem { place: place.into(), reason: reason.into() });
-    }
-}
-
-/// Checks one shard: its size and MD5, then its samples in order, each against the tar headers,
-/// its index entry and its checksum; then the end blocks and the DALI index.
-fn check_shard(
-    dir: &Path,
-    meta: &Meta,
-    number: usize,
-    shard: &ShardInfo,
-    entries: &[IndexEntry],
-    options: &VerifyOptions,
-) -> ShardCheck {
-    let mut out = ShardCheck::default();
-    let name = shard.name.as_str();
-    if !is_shard_name(name) {
-        return out; // reported by check_shard_list; never read outside the dataset
-    }
-    let path = dir.join(name);
-    let map = match std::fs::File::open(&path).and_then(|file| {
-        // SAFETY: a read-only map of a dataset nothing writes while it is checked; every offset
-        // below is bounds-checked against the map's length.
-        unsafe { memmap2::Mmap::map(&file) }
-    }) {
-        Ok(map) => map,
-        Err(e) => {
-            out.problem(name, format!("cannot read it: {e}"));
-            return out;
-        }
-    };
-    let buf: &[u8] = &map;
-    out.bytes = buf.len() as u64;
-    if buf.len() as u64 != shard.bytes {
-        out.problem(name, format!("is {} bytes, {META_FILE} says {}", buf.len(), shard.bytes));
-    }
-    let md5 = crate::encoding::hex(&Md5::digest(buf));
-    if md5 != shard.md5 {
-        out.problem(name, format!("MD5 is {md5}, {META_FILE} records {}", shard.md5));
+    /// `verify` with or without decoding.
+    pub fn check(path: &Path, decode: bool) -> Verified {
+        verify(
+            path,
+            &VerifyOptions { decode, threads: std::num::NonZeroUsize::MIN },
+            &crate::progress::Silent,
+        )
+        .unwrap()
     }
 
-    let mut pos = 0usize;
-    let mut dali = dali_index_header(shard.samples);
-    for index in shard.first..shard.first.saturating_add(shard.samples) {
-        let key = format_key(index, meta.key_width);
-        let place = sample_place(&key);
-        let entry = entries.get(index as usize).copied();
-        // The tar's own view of the sample: its members from `pos` while their key is this one.
-        let mut members: Vec<(&str, &[u8], usize)> = Vec::new();
-        let mut end = pos;
-        let mut tar_error = None;
-        while end < buf.len() && buf[end..(end + BLOCK as usize).min(buf.len())].iter().any(|&b| b != 0) {
-            match parse_member(buf, end) {
-                Ok(member) => match split_field_name(member.name) {
-                    Some((member_key, ext)) if member_key == key => {
-                        members.push((ext, member.data, end));
-                        end = member.next.min(buf.len());
-                    }
-                    Some(_) if !members.is_empty() => break,
-                    _ => {
-                        tar_error = Some(format!(
-                            "the member at offset {end} is {:?}, expected {key}.*",
-                            member.name
-                        ));
-                        break;
-                    }
-                },
-                Err(reason) => {
-                    tar_error = Some(format!("tar header at offset {end}: {reason}"));
-                    break;
-                }
-            }
-        }
-        if let Some(reason) = &tar_error {
-            out.problem(&place, reason.clone());
-        } else if members.is_empty() {
-            out.problem(&place, format!("missing from {name}: no member at offset {pos}"));
-        }
-        match entry {
-            None => out.problem(&place, format!("no {SAMPLE_INDEX_FILE} entry")),
-            Some(e) => {
-                if e.shard as usize != number {
-                    out.problem(
-                        &place,
-                        format!("{SAMPLE_INDEX_FILE} puts it in shard {}, it is in shard {number}", e.shard),
-                    );
-                }
-                if tar_error.is_none() && (e.offset != pos as u64 || e.len != (end - pos) as u64) {
-                    out.problem(
-                        &place,
-                        format!(
-                            "{SAMPLE_INDEX_FILE} says bytes {}+{}, the tar holds it at {pos}+{}",
-                            e.offset,
-                            e.len,
-                            end - pos
-                        ),
-                    );
-                }
-                if meta.checksum.is_some() {
-                    let actual = crc32(&buf[pos..end]);
-                    if actual != e.crc32 {
-                        out.problem(
-                            &place,
-                            format!("CRC-32 is {actual:08x}, {SAMPLE_INDEX_FILE} records {:08x}", e.crc32),
-                        );
-                    }
-                }
-            }
-        }
-        if tar_error.is_none() && !members.is_empty() {
-            let fields: Vec<(&str, &[u8])> = members.iter().map(|(ext, data, _)| (*ext, *data)).collect();
-            for reason in check_fields(&fields, meta, options.decode) {
-                out.problem(&place, reason);
-            }
-            out.checked += 1;
-        }
-        let components: Vec<DaliComponent> = members
-            .iter()
-            .map(|(ext, data, header)| DaliComponent {
-                ext: ext.to_string(),
-                offset: (*header as u64) + BLOCK,
-                size: data.len() as u64,
-                name: format!("{key}.{ext}"),
-            })
-            .collect();
-        dali.push_str(&dali_index_line(&components));
-        // Go on from where the tar says the sample ends; if its header is unreadable, trust the
-        // index entry's length so the samples after it are still checked.
-        pos = if tar_error.is_none() {
-            end
-        } else {
-            entry
-                .and_then(|e| usize::try_from(e.offset.saturating_add(e.len)).ok())
-                .filter(|&p| p > pos && p <= buf.len())
-                .unwrap_or(buf.len())
-        };
+    /// The places of the problems found, each once, in order.
+    pub fn places(verified: &Verified) -> Vec<String> {
+        let mut places: Vec<String> = verified.problems.iter().map(|p| p.place.clone()).collect();
+        places.dedup();
+        places
     }
-    let tail = buf.get(pos..).unwrap_or_default();
-    if tail.len() as u64 != END_OF_ARCHIVE || tail.iter().any(|&b| b != 0) {
-        let zeros = tail.iter().take_while(|&&b| b == 0).count();
-        out.problem(
-            name,
-            format!(
-                "after its last sample come {} bytes ({zeros} of them zero before anything else); a shard ends with exactly {END_OF_ARCHIVE} zero bytes",
-                tail.len()
-            ),
-        );
+
+    /// XORs the byte of `file` at `at` with 0xff.
+    pub fn flip(file: &Path, at: usize) {
+        let mut bytes = std::fs::read(file).unwrap();
+        bytes[at] ^= 0xff;
+        std::fs::write(file, bytes).unwrap();
     }
-    // The writer names it after the shard: `shard-000003.tar` -> `shard-000003.idx`.
-    let idx_name = format!("{}.idx", name.strip_suffix(".tar").unwrap_or(name));
-    match std::fs::read(dir.join(&idx_name)) {
-        Err(e) => out.problem(&idx_name, format!("cannot read it: {e}")),
-        Ok(raw) if raw != dali.as_bytes() => {
-            let text = String::from_utf8_lossy(&raw);
-            let line = text.lines().zip(dali.lines()).position(|(a, b)| a != b);
-            let reason = match line {
-                Some(i) => format!(
-                    "line {} is {:?}, the tar says {:?}",
-                    i + 1,
-                    text.lines().nth(i).unwrap_or_default(),
-                    dali.lines().nth(i).unwrap_or_default()
-                ),
-                None => format!("has {} lines, the tar needs {}", text.lines().count(), dali.lines().count()),
-            };
-            out.problem(&idx_name, reason);
-        }
-        Ok(_) => {}
+
+    /// Where `needle` first occurs in `file`.
+    pub fn find(file: &Path, needle: &[u8]) -> usize {
+        let bytes = std::fs::read(file).unwrap();
+        bytes.windows(needle.len()).position(|w| w == needle).expect("the bytes are in the file")
     }
-    out
 }

@@ -27,33 +27,20 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::fs::{self, File};
-use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileExt;
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use imgpack_reader::checksum::{crc32, Table, TABLE_KEY};
-use imgpack_reader::key::{format_key, split_field_name};
 use imgpack_reader::part::{parse_dir_name, PartInfo};
-use imgpack_reader::webdataset::{
-    dali_index_header, dali_index_line, parse_member, DaliComponent, IndexEntry, IndexHeader, WidsIndex,
-    BLOCK, INDEX_ENTRY_LEN, INDEX_HEADER_LEN, INDEX_VERSION, META_FILE, SAMPLE_INDEX_FILE, WIDS_INDEX_FILE,
-};
-use imgpack_reader::{Meta, ShardInfo, FORMAT_VERSION, UNFINISHED_SUFFIX};
-use indicatif::ProgressBar;
-use md5::{Digest, Md5};
-use rayon::prelude::*;
+use imgpack_reader::{Meta, FORMAT_VERSION, UNFINISHED_SUFFIX};
 use serde::Serialize;
 
-use crate::encoding::{hex, json_bytes};
-use crate::fs::replace_file;
 use crate::pack::report::{human_bytes, Skipped};
-use crate::pack::staged::Staged;
-use crate::sink::lmdb::{LmdbSink, CHECKPOINT_BYTES};
-use crate::sink::webdataset::ustar_header;
-use crate::sink::{PackedSample, Sink};
+use crate::progress::Progress;
 use crate::{Error, Result};
+
+mod lmdb;
+mod webdataset;
 
 /// How to merge.
 #[derive(Debug, Clone)]
@@ -61,7 +48,7 @@ pub struct MergeOptions {
     /// LMDB: keep the part databases after the merged one is published.
     pub keep_parts: bool,
     /// Threads for rewriting WebDataset shards.
-    pub threads: usize,
+    pub threads: std::num::NonZeroUsize,
 }
 
 /// What a merge did.
@@ -153,7 +140,7 @@ impl FoundPart {
 
 /// Merges the parts in `out` into one dataset there. See the module documentation. The bar
 /// (hidden or not) shows the bytes copied (LMDB) or rewritten (WebDataset with moved keys).
-pub fn merge(out: &Path, options: &MergeOptions, bar: &ProgressBar) -> Result<Merged> {
+pub fn merge(out: &Path, options: &MergeOptions, bar: &dyn Progress) -> Result<Merged> {
     let started = Instant::now();
     if !out.is_dir() {
         return Err(Error::Usage(format!(
@@ -183,9 +170,9 @@ pub fn merge(out: &Path, options: &MergeOptions, bar: &ProgressBar) -> Result<Me
             ..first.meta.clone()
         };
         let bytes_out = if meta.format == imgpack_reader::lmdb::FORMAT_NAME {
-            merge_lmdb(out, &parts, &meta, options, bar)?
+            lmdb::merge(out, &parts, &meta, options, bar)?
         } else {
-            merge_webdataset(out, &parts, &mut meta, options, bar)?
+            webdataset::merge(out, &parts, &mut meta, options, bar)?
         };
         Merged {
             kind: "merge",
@@ -231,7 +218,7 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
         infos.extend(crate::cluster::part::read_meta(dir)?.and_then(|meta| meta.part));
     }
     if lmdb {
-        remove_if_present(&out.join(LMDB_STAGE))?;
+        remove_if_present(&out.join(lmdb::LMDB_STAGE))?;
         if !options.keep_parts {
             for dir in &dirs {
                 fs::remove_dir_all(dir).map_err(Error::io(dir))?;
@@ -395,304 +382,48 @@ fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
     Ok(parts)
 }
 
-/// The staging directory of an LMDB merge, inside the output.
-const LMDB_STAGE: &str = ".merged";
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Parts for the merge tests: testdata with one broken image first, planned and packed as
+    //! parts by the real pipeline, so the part after the broken image must be renumbered.
 
-/// Copies the part databases into one in `out`; returns its size.
-fn merge_lmdb(
-    out: &Path,
-    parts: &[FoundPart],
-    meta: &Meta,
-    options: &MergeOptions,
-    bar: &ProgressBar,
-) -> Result<u64> {
-    use heed::types::Bytes;
-    let stage = out.join(LMDB_STAGE);
-    let hint: u64 = parts.iter().map(|p| fs::metadata(p.dir.join("data.mdb")).map_or(0, |m| m.len())).sum();
-    let mut sink = Box::new(LmdbSink::start(Staged::create_dir(&stage, true)?, hint, CHECKPOINT_BYTES)?);
-    bar.set_length(hint);
-    for part in parts {
-        let damaged = |key: &str, reason: String| Error::Merge {
-            path: out.to_path_buf(),
-            reason: format!(
-                "part {} of {} ({}) is damaged at key {key}: {reason}; re-pack it with --overwrite",
-                part.info.index,
-                part.info.count,
-                part.dir.display()
-            ),
-        };
-        let err = crate::cluster::part::lmdb_error(&part.dir);
-        let env = crate::cluster::part::open_lmdb(&part.dir)?;
-        let txn = env.read_txn().map_err(err)?;
-        let db: heed::Database<Bytes, Bytes> =
-            env.open_database(&txn, None).map_err(err)?.ok_or_else(|| damaged("-", "no database".into()))?;
-        let table = db
-            .get(&txn, TABLE_KEY.as_bytes())
-            .map_err(err)?
-            .ok_or_else(|| damaged(TABLE_KEY, "missing".into()))
-            .and_then(|raw| Table::decode(raw).map_err(|r| damaged(TABLE_KEY, r)))?;
-        if table.samples.len() as u64 != part.meta.samples {
-            return Err(damaged(
-                TABLE_KEY,
-                format!("{} checksums for {} samples", table.samples.len(), part.meta.samples),
-            ));
-        }
-        // Sample `j` of the part: its key must be the part's `first + j`, its CRC the table's;
-        // it is stored under its merged key.
-        let width = part.meta.key_width;
-        let mut j = 0u64;
-        let mut merged = |mut sample: PackedSample| -> Result<PackedSample> {
-            let expected = format_key(part.info.first + j, width);
-            if sample.key != expected {
-                let reason = format!("expected key {expected} (a part's keys run without gaps)");
-                return Err(damaged(&sample.key, reason));
-            }
-            // Each field's CRC once, here: the sink reuses them for the merged checksum table.
-            sample.crcs = sample.fields.iter().map(|(_, bytes)| crc32(bytes)).collect();
-            let (want, got) = (table.samples.get(j as usize).copied(), sample.crc());
-            if want != Some(got) {
-                let reason = format!("CRC-32 {got:08x}, its checksum table says {want:08x?}");
-                return Err(damaged(&sample.key, reason));
-            }
-            sample.key = format_key(part.new_first + j, width);
-            j += 1;
-            Ok(sample)
-        };
-        let mut batch: Vec<PackedSample> = Vec::new();
-        let mut collecting: Option<PackedSample> = None;
-        for record in db.iter(&txn).map_err(err)? {
-            let (name, value) = record.map_err(err)?;
-            if name.starts_with(b"__") {
-                continue;
-            }
-            let name = String::from_utf8_lossy(name);
-            let (key, ext) =
-                split_field_name(&name).ok_or_else(|| damaged(&name, "not {key}.{ext}".into()))?;
-            if collecting.as_ref().is_none_or(|s| s.key != key) {
-                if let Some(done) = collecting.take() {
-                    batch.push(merged(done)?);
-                    if batch.iter().map(PackedSample::bytes).sum::<u64>() >= 32 << 20 {
-                        sink.write_batch(&batch)?;
-                        bar.inc(batch.iter().map(PackedSample::bytes).sum());
-                        batch.clear();
-                    }
-                }
-                collecting =
-                    Some(PackedSample { key: key.to_string(), fields: Vec::new(), crcs: Vec::new() });
-            }
-            collecting.as_mut().expect("set above").fields.push((ext.to_string(), value.to_vec()));
-        }
-        if let Some(done) = collecting.take() {
-            batch.push(merged(done)?);
-        }
-        sink.write_batch(&batch)?;
-        bar.inc(batch.iter().map(PackedSample::bytes).sum());
-        if j != part.meta.samples {
-            return Err(damaged("-", format!("holds {j} samples, its metadata says {}", part.meta.samples)));
-        }
-        drop(txn);
-        // The last handle: the environment closes here, before the part's files are removed.
-        drop(env);
-    }
-    bar.set_message("syncing to disk");
-    let finished = sink.finish(meta)?;
-    bar.finish_and_clear();
-    // Publish: lock file first, then data.mdb — a data.mdb in OUT is a finished dataset.
-    for file in ["lock.mdb", "data.mdb"] {
-        let (from, to) = (finished.path.join(file), out.join(file));
-        fs::rename(&from, &to).map_err(Error::io(&to))?;
-    }
-    File::open(out).and_then(|d| d.sync_all()).map_err(Error::io(out))?;
-    remove_if_present(&stage)?;
-    if !options.keep_parts {
-        for part in parts {
-            fs::remove_dir_all(&part.dir).map_err(Error::io(&part.dir))?;
-        }
-    }
-    Ok(finished.bytes)
-}
+    use std::fs;
+    use std::path::{Path, PathBuf};
 
-/// Writes the dataset-level files of a WebDataset merged from `parts` (renumbering the parts
-/// that need it first); `meta` gets the shard list. Returns the dataset's size.
-fn merge_webdataset(
-    out: &Path,
-    parts: &[FoundPart],
-    meta: &mut Meta,
-    options: &MergeOptions,
-    bar: &ProgressBar,
-) -> Result<u64> {
-    let moved = parts.iter().filter(|p| p.renumbered()).flat_map(|p| &p.meta.shards).map(|s| s.bytes).sum();
-    bar.set_length(moved);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(options.threads.max(1))
-        .build()
-        .map_err(|e| Error::Usage(format!("cannot start {} threads: {e}", options.threads)))?;
-    let index_path = out.join(SAMPLE_INDEX_FILE);
-    let index_temp = crate::fs::temp_path(&index_path);
-    let io = Error::io(&index_temp);
-    let mut index = BufWriter::new(File::create(&index_temp).map_err(io)?);
-    index.write_all(&[0; INDEX_HEADER_LEN]).map_err(Error::io(&index_temp))?;
-    let mut shards: Vec<ShardInfo> = Vec::new();
-    for part in parts {
-        let mut entries = read_index(part)?;
-        let mut part_shards = part.meta.shards.clone();
-        if part.renumbered() {
-            let results: Vec<Result<Renumbered>> = pool.install(|| {
-                part_shards
-                    .par_iter()
-                    .map(|shard| {
-                        let range = shard.first as usize..(shard.first + shard.samples) as usize;
-                        let renumbered = renumber_shard(part, shard, &entries[range]);
-                        bar.inc(shard.bytes);
-                        renumbered
-                    })
-                    .collect()
-            });
-            for (shard, result) in part_shards.iter_mut().zip(results) {
-                let renumbered = result?;
-                shard.md5 = renumbered.md5;
-                for (entry, crc) in entries[shard.first as usize..].iter_mut().zip(renumbered.crcs) {
-                    entry.crc32 = crc;
-                }
+    use crate::cluster::split::Part;
+    use crate::{OutputFormat, PackConfig};
+
+    fn copy_tree(from: &Path, to: &Path) {
+        fs::create_dir_all(to).unwrap();
+        for entry in fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                copy_tree(&entry.path(), &to.join(entry.file_name()));
+            } else {
+                fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
             }
         }
-        let shard_base = shards.len() as u32;
-        for mut entry in entries {
-            entry.shard += shard_base;
-            index.write_all(&entry.encode()).map_err(Error::io(&index_temp))?;
-        }
-        shards.extend(part_shards.into_iter().map(|s| ShardInfo {
-            name: format!("{}/{}", part.name, s.name),
-            first: part.new_first + s.first,
-            ..s
-        }));
     }
-    meta.shards = shards;
-    let meta_json = json_bytes(meta);
-    let header = IndexHeader { version: INDEX_VERSION, meta_crc32: crc32(&meta_json), samples: meta.samples };
-    let mut index = index.into_inner().map_err(|e| Error::io(&index_temp)(e.into_error()))?;
-    index.seek(SeekFrom::Start(0)).map_err(Error::io(&index_temp))?;
-    index.write_all(&header.encode()).and_then(|()| index.sync_all()).map_err(Error::io(&index_temp))?;
-    drop(index);
-    fs::rename(&index_temp, &index_path).map_err(Error::io(&index_path))?;
-    replace_file(&out.join(WIDS_INDEX_FILE), &json_bytes(&WidsIndex::of(&meta.shards)))?;
-    // Last: a directory with imgpack.json is a finished dataset.
-    replace_file(&out.join(META_FILE), &meta_json)?;
-    bar.finish_and_clear();
-    Ok(dataset_bytes(out, meta))
-}
 
-/// The index entries of a WebDataset part, checked against its metadata.
-fn read_index(part: &FoundPart) -> Result<Vec<IndexEntry>> {
-    let path = part.dir.join(SAMPLE_INDEX_FILE);
-    let damaged = |reason: String| Error::Merge {
-        path: part.dir.clone(),
-        reason: format!("{SAMPLE_INDEX_FILE}: {reason}; the part is damaged: re-pack it with --overwrite"),
-    };
-    let mut file = BufReader::new(File::open(&path).map_err(Error::io(&path))?);
-    let mut header = [0u8; INDEX_HEADER_LEN];
-    file.read_exact(&mut header).map_err(Error::io(&path))?;
-    let header = IndexHeader::decode(&header).ok_or_else(|| damaged("no valid header".into()))?;
-    if header.samples != part.meta.samples {
-        return Err(damaged(format!("{} entries for {} samples", header.samples, part.meta.samples)));
-    }
-    let mut entries = Vec::with_capacity(part.meta.samples as usize);
-    let mut raw = [0u8; INDEX_ENTRY_LEN];
-    for _ in 0..part.meta.samples {
-        file.read_exact(&mut raw).map_err(Error::io(&path))?;
-        entries.push(IndexEntry::decode(&raw));
-    }
-    let shards_cover = part.meta.shards.iter().map(|s| s.samples).sum::<u64>() == part.meta.samples
-        && part.meta.shards.iter().enumerate().all(|(n, s)| {
-            entries[s.first as usize..(s.first + s.samples) as usize].iter().all(|e| e.shard as usize == n)
-        });
-    if !shards_cover {
-        return Err(damaged("entries do not match the shards the metadata lists".into()));
-    }
-    Ok(entries)
-}
-
-/// A shard after renumbering.
-struct Renumbered {
-    md5: String,
-    crcs: Vec<u32>,
-}
-
-/// Gives the samples of one shard of a part their merged keys: rewrites each member's tar
-/// header in place (only if it still carries the part's key), checks the sample against its
-/// recorded CRC-32 under its old key, and returns the new CRC-32s and the shard's new MD5;
-/// rewrites the shard's DALI index. Running it twice gives the same result.
-fn renumber_shard(part: &FoundPart, shard: &ShardInfo, entries: &[IndexEntry]) -> Result<Renumbered> {
-    let path = part.dir.join(&shard.name);
-    let damaged = |reason: String| Error::Merge {
-        path: path.clone(),
-        reason: format!("{reason}; the part is damaged: re-pack it with --overwrite"),
-    };
-    let file = fs::OpenOptions::new().read(true).write(true).open(&path).map_err(Error::io(&path))?;
-    let len = file.metadata().map_err(Error::io(&path))?.len();
-    if len != shard.bytes {
-        return Err(damaged(format!("{len} bytes, the part's metadata says {}", shard.bytes)));
-    }
-    let width = part.meta.key_width;
-    let mut md5 = Md5::new();
-    let mut crcs = Vec::with_capacity(entries.len());
-    let mut dali = dali_index_header(entries.len() as u64);
-    let mut buf = Vec::new();
-    let mut pos = 0u64;
-    for (j, entry) in entries.iter().enumerate() {
-        if entry.offset != pos {
-            return Err(damaged(format!("sample {j} starts at {}, not at {pos}", entry.offset)));
+    /// The tree (testdata plus `cat/0broken.jpg`, plan sample 0, which is skipped) and its
+    /// parts packed into `dir/out` as `format`, `count` of them.
+    pub fn parts(dir: &Path, format: OutputFormat, count: u64) -> (PathBuf, PathBuf) {
+        let tree = dir.join("tree");
+        copy_tree(&Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/imagefolder"), &tree);
+        fs::write(tree.join("cat/0broken.jpg"), b"\xff\xd8\xff not a jpeg").unwrap();
+        let plan = dir.join("t.plan");
+        let extensions: Vec<String> =
+            crate::pack::config::DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect();
+        crate::source::plan::make(&tree, &extensions, None, std::num::NonZeroUsize::MIN)
+            .unwrap()
+            .write(&plan)
+            .unwrap();
+        let out = dir.join("out");
+        for index in 0..count {
+            let mut config = PackConfig::new(&plan, &out, format.clone());
+            config.part = Some(Part { index, count });
+            crate::pack::pack(&config, &crate::progress::Silent).unwrap();
         }
-        buf.resize(entry.len as usize, 0);
-        file.read_exact_at(&mut buf, entry.offset).map_err(Error::io(&path))?;
-        let old_key = format_key(part.info.first + shard.first + j as u64, width);
-        let new_key = format_key(part.new_first + shard.first + j as u64, width);
-        // Each member: where its header is, its extension and size.
-        let mut members = Vec::new();
-        let mut at = 0;
-        while at < buf.len() {
-            let member = parse_member(&buf, at).map_err(|r| damaged(format!("sample {old_key}: {r}")))?;
-            let (key, ext) = split_field_name(member.name)
-                .filter(|(key, _)| *key == old_key || *key == new_key)
-                .ok_or_else(|| damaged(format!("member {:?} is not sample {old_key}'s", member.name)))?;
-            members.push((at, ext.to_string(), member.data.len() as u64, key == new_key));
-            at = member.next;
-        }
-        let set_headers = |buf: &mut [u8], key: &str| -> Result<()> {
-            for (at, ext, size, _) in &members {
-                let header = ustar_header(&format!("{key}.{ext}"), *size).map_err(damaged)?;
-                buf[*at..*at + BLOCK as usize].copy_from_slice(&header);
-            }
-            Ok(())
-        };
-        set_headers(&mut buf, &old_key)?;
-        if crc32(&buf) != entry.crc32 {
-            return Err(damaged(format!("sample {old_key} does not match its CRC-32")));
-        }
-        set_headers(&mut buf, &new_key)?;
-        let mut components = Vec::with_capacity(members.len());
-        for (at, ext, size, renamed) in &members {
-            if !renamed {
-                file.write_all_at(&buf[*at..*at + BLOCK as usize], entry.offset + *at as u64)
-                    .map_err(Error::io(&path))?;
-            }
-            components.push(DaliComponent {
-                ext: ext.clone(),
-                offset: entry.offset + *at as u64 + BLOCK,
-                size: *size,
-                name: format!("{new_key}.{ext}"),
-            });
-        }
-        dali.push_str(&dali_index_line(&components));
-        crcs.push(crc32(&buf));
-        md5.update(&buf);
-        pos += entry.len;
+        (tree, out)
     }
-    let mut tail = vec![0u8; (len - pos) as usize];
-    file.read_exact_at(&mut tail, pos).map_err(Error::io(&path))?;
-    md5.update(&tail);
-    file.sync_data().map_err(Error::io(&path))?;
-    let idx = part.dir.join(format!("{}.idx", shard.name.strip_suffix(".tar").unwrap_or(&shard.name)));
-    replace_file(&idx, dali.as_bytes())?;
-    Ok(Renumbered { md5: hex(&md5.finalize()), crcs })
 }

@@ -1,0 +1,314 @@
+//! `pack merge` of WebDataset parts: the shards stay where the parts wrote them; samples after a
+//! skipped file are renumbered in place (same-length tar headers, CRC-32s, shard MD5s and DALI
+//! indexes recomputed), and the dataset-level index, `shardindex.json` and metadata are written.
+
+use std::fs::{self, File};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use imgpack_reader::checksum::crc32;
+use imgpack_reader::key::{format_key, split_field_name};
+use imgpack_reader::webdataset::{
+    dali_index_header, dali_index_line, parse_member, DaliComponent, IndexEntry, IndexHeader, WidsIndex,
+    BLOCK, INDEX_ENTRY_LEN, INDEX_HEADER_LEN, INDEX_VERSION, META_FILE, SAMPLE_INDEX_FILE, WIDS_INDEX_FILE,
+};
+use imgpack_reader::{Meta, ShardInfo};
+use md5::{Digest, Md5};
+use rayon::prelude::*;
+
+use crate::encoding::{hex, json_bytes};
+use crate::fs::replace_file;
+use crate::progress::Progress;
+use crate::sink::webdataset::ustar_header;
+use crate::{Error, Result};
+
+use super::{dataset_bytes, FoundPart, MergeOptions};
+
+/// Writes the dataset-level files of a WebDataset merged from `parts` (renumbering the parts
+/// that need it first); `meta` gets the shard list. Returns the dataset's size.
+pub(super) fn merge(
+    out: &Path,
+    parts: &[FoundPart],
+    meta: &mut Meta,
+    options: &MergeOptions,
+    bar: &dyn Progress,
+) -> Result<u64> {
+    let moved = parts.iter().filter(|p| p.renumbered()).flat_map(|p| &p.meta.shards).map(|s| s.bytes).sum();
+    bar.length(moved);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(options.threads.get())
+        .build()
+        .map_err(|e| Error::Threads { threads: options.threads.get(), reason: e.to_string() })?;
+    let index_path = out.join(SAMPLE_INDEX_FILE);
+    let index_temp = crate::fs::temp_path(&index_path);
+    let io = Error::io(&index_temp);
+    let mut index = BufWriter::new(File::create(&index_temp).map_err(io)?);
+    index.write_all(&[0; INDEX_HEADER_LEN]).map_err(Error::io(&index_temp))?;
+    let mut shards: Vec<ShardInfo> = Vec::new();
+    for part in parts {
+        let mut entries = read_index(part)?;
+        let mut part_shards = part.meta.shards.clone();
+        if part.renumbered() {
+            let results: Vec<Result<Renumbered>> = pool.install(|| {
+                part_shards
+                    .par_iter()
+                    .map(|shard| {
+                        let range = shard.first as usize..(shard.first + shard.samples) as usize;
+                        let renumbered = renumber_shard(part, shard, &entries[range]);
+                        bar.advance(shard.bytes);
+                        renumbered
+                    })
+                    .collect()
+            });
+            for (shard, result) in part_shards.iter_mut().zip(results) {
+                let renumbered = result?;
+                shard.md5 = renumbered.md5;
+                for (entry, crc) in entries[shard.first as usize..].iter_mut().zip(renumbered.crcs) {
+                    entry.crc32 = crc;
+                }
+            }
+        }
+        let shard_base = shards.len() as u32;
+        for mut entry in entries {
+            entry.shard += shard_base;
+            index.write_all(&entry.encode()).map_err(Error::io(&index_temp))?;
+        }
+        shards.extend(part_shards.into_iter().map(|s| ShardInfo {
+            name: format!("{}/{}", part.name, s.name),
+            first: part.new_first + s.first,
+            ..s
+        }));
+    }
+    meta.shards = shards;
+    let meta_json = json_bytes(meta);
+    let header = IndexHeader { version: INDEX_VERSION, meta_crc32: crc32(&meta_json), samples: meta.samples };
+    let mut index = index.into_inner().map_err(|e| Error::io(&index_temp)(e.into_error()))?;
+    index.seek(SeekFrom::Start(0)).map_err(Error::io(&index_temp))?;
+    index.write_all(&header.encode()).and_then(|()| index.sync_all()).map_err(Error::io(&index_temp))?;
+    drop(index);
+    fs::rename(&index_temp, &index_path).map_err(Error::io(&index_path))?;
+    replace_file(&out.join(WIDS_INDEX_FILE), &json_bytes(&WidsIndex::of(&meta.shards)))?;
+    // Last: a directory with imgpack.json is a finished dataset.
+    replace_file(&out.join(META_FILE), &meta_json)?;
+    bar.finish();
+    Ok(dataset_bytes(out, meta))
+}
+
+/// The index entries of a WebDataset part, checked against its metadata.
+fn read_index(part: &FoundPart) -> Result<Vec<IndexEntry>> {
+    let path = part.dir.join(SAMPLE_INDEX_FILE);
+    let damaged = |reason: String| Error::Merge {
+        path: part.dir.clone(),
+        reason: format!("{SAMPLE_INDEX_FILE}: {reason}; the part is damaged: re-pack it with --overwrite"),
+    };
+    let mut file = BufReader::new(File::open(&path).map_err(Error::io(&path))?);
+    let mut header = [0u8; INDEX_HEADER_LEN];
+    file.read_exact(&mut header).map_err(Error::io(&path))?;
+    let header = IndexHeader::decode(&header).ok_or_else(|| damaged("no valid header".into()))?;
+    if header.samples != part.meta.samples {
+        return Err(damaged(format!("{} entries for {} samples", header.samples, part.meta.samples)));
+    }
+    let mut entries = Vec::with_capacity(part.meta.samples as usize);
+    let mut raw = [0u8; INDEX_ENTRY_LEN];
+    for _ in 0..part.meta.samples {
+        file.read_exact(&mut raw).map_err(Error::io(&path))?;
+        entries.push(IndexEntry::decode(&raw));
+    }
+    let shards_cover = part.meta.shards.iter().map(|s| s.samples).sum::<u64>() == part.meta.samples
+        && part.meta.shards.iter().enumerate().all(|(n, s)| {
+            entries[s.first as usize..(s.first + s.samples) as usize].iter().all(|e| e.shard as usize == n)
+        });
+    if !shards_cover {
+        return Err(damaged("entries do not match the shards the metadata lists".into()));
+    }
+    Ok(entries)
+}
+
+/// A shard after renumbering.
+struct Renumbered {
+    md5: String,
+    crcs: Vec<u32>,
+}
+
+/// Gives the samples of one shard of a part their merged keys: rewrites each member's tar
+/// header in place (only if it still carries the part's key), checks the sample against its
+/// recorded CRC-32 under its old key, and returns the new CRC-32s and the shard's new MD5;
+/// rewrites the shard's DALI index. Running it twice gives the same result.
+fn renumber_shard(part: &FoundPart, shard: &ShardInfo, entries: &[IndexEntry]) -> Result<Renumbered> {
+    let path = part.dir.join(&shard.name);
+    let damaged = |reason: String| Error::Merge {
+        path: path.clone(),
+        reason: format!("{reason}; the part is damaged: re-pack it with --overwrite"),
+    };
+    let file = fs::OpenOptions::new().read(true).write(true).open(&path).map_err(Error::io(&path))?;
+    let len = file.metadata().map_err(Error::io(&path))?.len();
+    if len != shard.bytes {
+        return Err(damaged(format!("{len} bytes, the part's metadata says {}", shard.bytes)));
+    }
+    let width = part.meta.key_width;
+    let mut md5 = Md5::new();
+    let mut crcs = Vec::with_capacity(entries.len());
+    let mut dali = dali_index_header(entries.len() as u64);
+    let mut buf = Vec::new();
+    let mut pos = 0u64;
+    for (j, entry) in entries.iter().enumerate() {
+        if entry.offset != pos {
+            return Err(damaged(format!("sample {j} starts at {}, not at {pos}", entry.offset)));
+        }
+        buf.resize(entry.len as usize, 0);
+        file.read_exact_at(&mut buf, entry.offset).map_err(Error::io(&path))?;
+        let old_key = format_key(part.info.first + shard.first + j as u64, width);
+        let new_key = format_key(part.new_first + shard.first + j as u64, width);
+        // Each member: where its header is, its extension and size.
+        let mut members = Vec::new();
+        let mut at = 0;
+        while at < buf.len() {
+            let member = parse_member(&buf, at).map_err(|r| damaged(format!("sample {old_key}: {r}")))?;
+            let (key, ext) = split_field_name(member.name)
+                .filter(|(key, _)| *key == old_key || *key == new_key)
+                .ok_or_else(|| damaged(format!("member {:?} is not sample {old_key}'s", member.name)))?;
+            members.push((at, ext.to_string(), member.data.len() as u64, key == new_key));
+            at = member.next;
+        }
+        let set_headers = |buf: &mut [u8], key: &str| -> Result<()> {
+            for (at, ext, size, _) in &members {
+                let header = ustar_header(&format!("{key}.{ext}"), *size).map_err(damaged)?;
+                buf[*at..*at + BLOCK as usize].copy_from_slice(&header);
+            }
+            Ok(())
+        };
+        set_headers(&mut buf, &old_key)?;
+        if crc32(&buf) != entry.crc32 {
+            return Err(damaged(format!("sample {old_key} does not match its CRC-32")));
+        }
+        set_headers(&mut buf, &new_key)?;
+        let mut components = Vec::with_capacity(members.len());
+        for (at, ext, size, renamed) in &members {
+            if !renamed {
+                file.write_all_at(&buf[*at..*at + BLOCK as usize], entry.offset + *at as u64)
+                    .map_err(Error::io(&path))?;
+            }
+            components.push(DaliComponent {
+                ext: ext.clone(),
+                offset: entry.offset + *at as u64 + BLOCK,
+                size: *size,
+                name: format!("{new_key}.{ext}"),
+            });
+        }
+        dali.push_str(&dali_index_line(&components));
+        crcs.push(crc32(&buf));
+        md5.update(&buf);
+        pos += entry.len;
+    }
+    let mut tail = vec![0u8; (len - pos) as usize];
+    file.read_exact_at(&mut tail, pos).map_err(Error::io(&path))?;
+    md5.update(&tail);
+    file.sync_data().map_err(Error::io(&path))?;
+    let idx = part.dir.join(format!("{}.idx", shard.name.strip_suffix(".tar").unwrap_or(&shard.name)));
+    replace_file(&idx, dali.as_bytes())?;
+    Ok(Renumbered { md5: hex(&md5.finalize()), crcs })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroUsize;
+
+    use imgpack_reader::webdataset::{parse_member, BLOCK, END_OF_ARCHIVE};
+    use md5::{Digest, Md5};
+
+    use super::super::testing::parts;
+    use super::super::{find_parts, merge, MergeOptions};
+    use super::*;
+    use crate::OutputFormat;
+
+    fn limits() -> OutputFormat {
+        let limits = crate::sink::webdataset::ShardLimits { max_bytes: 1 << 20, max_samples: Some(5) };
+        OutputFormat::WebDataset { prefix: "s".into(), limits }
+    }
+
+    #[test]
+    fn renumbering_a_shard_rewrites_its_names_crcs_md5_and_dali_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, out) = parts(dir.path(), limits(), 2);
+        let found = find_parts(&out).unwrap();
+        let part = &found[1];
+        assert_eq!(part.new_first + 1, part.info.first, "one sample skipped before it");
+        let entries = read_index(part).unwrap();
+        let shard = &part.meta.shards[0];
+        let run = || renumber_shard(part, shard, &entries[..shard.samples as usize]).unwrap();
+        let first = run();
+        let bytes = fs::read(part.dir.join(&shard.name)).unwrap();
+        assert_eq!(first.md5, hex(&Md5::digest(&bytes)), "MD5 of the rewritten shard");
+        let mut pos = 0;
+        let mut dali_names = Vec::new();
+        for (j, entry) in entries[..shard.samples as usize].iter().enumerate() {
+            let sample = &bytes[entry.offset as usize..(entry.offset + entry.len) as usize];
+            assert_eq!(first.crcs[j], crc32(sample), "CRC-32 of sample {j} as it now is");
+            let key = format_key(part.new_first + j as u64, part.meta.key_width);
+            let mut at = 0;
+            while at < sample.len() {
+                let member = parse_member(sample, at).unwrap();
+                assert_eq!(split_field_name(member.name).unwrap().0, key, "member of sample {j}");
+                dali_names.push(member.name.to_string());
+                at = member.next;
+            }
+            pos = entry.offset + entry.len;
+        }
+        assert!(bytes.len() as u64 >= pos + END_OF_ARCHIVE, "the end-of-archive blocks follow");
+        assert!(bytes[pos as usize..].iter().all(|&b| b == 0));
+        let idx = fs::read_to_string(part.dir.join(shard.name.replace(".tar", ".idx"))).unwrap();
+        for name in &dali_names {
+            assert!(idx.contains(&format!(" {name}")), "DALI index names {name}:\n{idx}");
+        }
+        // Again: nothing changes (an interrupted merge is run again).
+        let second = run();
+        assert_eq!((second.md5, second.crcs), (first.md5, first.crcs));
+        assert_eq!(fs::read(part.dir.join(&shard.name)).unwrap(), bytes);
+    }
+
+    #[test]
+    fn a_damaged_sample_is_refused_naming_its_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, out) = parts(dir.path(), limits(), 2);
+        let found = find_parts(&out).unwrap();
+        let part = &found[1];
+        let entries = read_index(part).unwrap();
+        let shard = &part.meta.shards[0];
+        let path = part.dir.join(&shard.name);
+        let mut bytes = fs::read(&path).unwrap();
+        let at = (entries[1].offset + BLOCK + 7) as usize;
+        bytes[at] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        let Err(Error::Merge { path: named, reason }) =
+            renumber_shard(part, shard, &entries[..shard.samples as usize])
+        else {
+            panic!("a damaged sample was renumbered");
+        };
+        assert_eq!(named, path);
+        assert!(reason.contains("CRC-32") && reason.contains("--overwrite"), "{reason}");
+    }
+
+    #[test]
+    fn merged_shards_read_as_one_dataset_with_keys_without_a_gap() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tree, out) = parts(dir.path(), limits(), 3);
+        let options = MergeOptions { keep_parts: false, threads: NonZeroUsize::MIN };
+        let merged = merge(&out, &options, &crate::progress::Silent).unwrap();
+        let dataset = imgpack_reader::open(&out).unwrap().verify_checksums(true).unwrap();
+        assert_eq!((dataset.len(), merged.skipped.len()), (merged.packed, 1));
+        for i in 0..dataset.len() {
+            let sample = dataset.get(i).unwrap();
+            assert_eq!(sample.key, format_key(i, dataset.meta().key_width));
+            let path = sample.info().unwrap().path;
+            assert_eq!(sample.payload().unwrap().1, fs::read(tree.join(&path)).unwrap(), "{path}");
+        }
+        // wids' shardindex.json lists each shard's MD5 of the bytes as merged.
+        let wids: serde_json::Value =
+            serde_json::from_slice(&fs::read(out.join(WIDS_INDEX_FILE)).unwrap()).unwrap();
+        for shard in wids["shardlist"].as_array().unwrap() {
+            let bytes = fs::read(out.join(shard["url"].as_str().unwrap())).unwrap();
+            assert_eq!(shard["md5sum"].as_str().unwrap(), hex(&Md5::digest(&bytes)));
+        }
+    }
+}
