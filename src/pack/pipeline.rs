@@ -209,7 +209,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         let samples = &listing.samples;
         let source = &*source;
         let transcoder = &config.transcoder;
-        scope.spawn(move || {
+        let loader = scope.spawn(move || {
             let mut next = start;
             while next < samples.len() && !crate::interrupt::requested() {
                 let range = next..(next + chunker.next_len()).min(samples.len());
@@ -258,7 +258,9 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
             let rate = ledger.packed() as f64 / started.elapsed().as_secs_f64().max(1e-3);
             bar.message(&format!("{rate:.0} files/s"));
         }
-        Ok(())
+        // A loader that panicked closed the channel as if it were done: say so instead of
+        // publishing a short output. (The panic hook has printed where it happened.)
+        loader.join().map_err(|_| Error::Panicked { path: config.source.clone(), thread: "loader".into() })
     });
     if crate::interrupt::requested() {
         // Never publish what an interrupted run wrote. An unpacked tree has no checkpoints:
