@@ -16,7 +16,7 @@
 //! - [`transcode`]: what happens to each image (check, decode, resize, encode).
 //! - [`sink`]: how samples are written, one module per output format.
 //! - [`cluster`]: one plan packed on many machines: [`cluster::split`] cuts the plan into parts,
-//!   [`cluster::part`] packs one, [`cluster::merge`] joins them.
+//!   [`cluster::part`] packs one, [`cluster::merge`] joins them (one module per format).
 //! - [`verify`](mod@verify): `pack verify`, one module per format.
 //! - [`bench`](mod@bench): `pack bench-read`, random-read latency of trees and packed datasets.
 //!

@@ -184,7 +184,7 @@ fn plan(args: &cli::PlanArgs) -> imgpack::Result<u8> {
             "planned {} samples in {} classes ({}) from {} into {}",
             header.samples,
             header.classes.len(),
-            imgpack::pack::report::human_bytes(header.bytes),
+            imgpack::size::human_bytes(header.bytes),
             header.root,
             args.out.display()
         );

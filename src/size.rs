@@ -71,6 +71,22 @@ impl fmt::Display for ByteSize {
     }
 }
 
+/// `1234567` as `1.2 MB`: SI units, as disks and `--shard-size 1GB` count.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,5 +135,12 @@ mod tests {
         let overflow = "20000000PiB".parse::<ByteSize>().unwrap_err();
         assert!(overflow.contains("64 bits"), "{overflow}");
         assert!("99999999999999999999".parse::<ByteSize>().is_err());
+    }
+
+    #[test]
+    fn human_bytes_use_si_units() {
+        assert_eq!(human_bytes(999), "999 B");
+        assert_eq!(human_bytes(1_500_000), "1.5 MB");
+        assert_eq!(human_bytes(2_000_000_000), "2.0 GB");
     }
 }

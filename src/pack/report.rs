@@ -148,7 +148,12 @@ impl fmt::Display for Report {
                 self.kept_unchanged
             )?;
         }
-        writeln!(f, "  bytes     {} in, {} out", human_bytes(self.bytes_in), human_bytes(self.bytes_out))?;
+        writeln!(
+            f,
+            "  bytes     {} in, {} out",
+            crate::size::human_bytes(self.bytes_in),
+            crate::size::human_bytes(self.bytes_out)
+        )?;
         writeln!(
             f,
             "  time      {:.2} s ({:.0} files/s, {:.1} MB/s)",
@@ -178,22 +183,6 @@ pub(crate) fn write_skipped(
     Ok(())
 }
 
-/// `1234567` as `1.2 MB`: SI units, as disks and `--shard-size 1GB` count.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit < UNITS.len() - 1 {
-        value /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,12 +197,5 @@ mod tests {
         let text = r.to_string();
         assert!(text.contains("a.jpg: empty file (0 bytes)"), "{text}");
         assert!(text.contains("1 + 1 = 2"), "{text}");
-    }
-
-    #[test]
-    fn human_bytes_uses_si_units() {
-        assert_eq!(human_bytes(999), "999 B");
-        assert_eq!(human_bytes(1_500_000), "1.5 MB");
-        assert_eq!(human_bytes(2_000_000_000), "2.0 GB");
     }
 }

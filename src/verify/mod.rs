@@ -105,7 +105,7 @@ impl fmt::Display for Verified {
             self.checked,
             self.expected,
             what,
-            crate::pack::report::human_bytes(self.bytes),
+            crate::size::human_bytes(self.bytes),
             self.seconds
         )?;
         if self.problems.is_empty() {

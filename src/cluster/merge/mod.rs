@@ -35,8 +35,9 @@ use imgpack_reader::part::{parse_dir_name, PartInfo};
 use imgpack_reader::{Meta, FORMAT_VERSION, UNFINISHED_SUFFIX};
 use serde::Serialize;
 
-use crate::pack::report::{human_bytes, Skipped};
+use crate::pack::report::Skipped;
 use crate::progress::Progress;
+use crate::size::human_bytes;
 use crate::{Error, Result};
 
 mod lmdb;
