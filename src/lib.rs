@@ -19,11 +19,14 @@
 //!   [`cluster::part`] packs one, [`cluster::merge`] joins them (one module per format).
 //! - [`verify`](mod@verify): `pack verify`, one module per format.
 //! - [`bench`](mod@bench): `pack bench-read`, random-read latency of trees and packed datasets.
+//! - [`cli`]: the `pack` command line itself (clap definitions, one call per subcommand, the
+//!   summary and progress bar), shared by the binary and the Python package's entry point.
 //!
 //! Small shared pieces sit at the top: [`fs`] (durable file steps), [`encoding`], [`size`],
 //! [`interrupt`], and the typed [`Error`].
 
 pub mod bench;
+pub mod cli;
 pub mod cluster;
 pub mod encoding;
 mod error;

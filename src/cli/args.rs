@@ -1,14 +1,15 @@
-//! Command-line definitions (clap derive), turned into library configuration.
+//! Command-line definitions (clap derive), turned into library configuration: the first of the
+//! two stages every command line goes through (see [`super`]).
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use imgpack::pack::config::{OnError, OutputFormat, PackConfig, SourceKind, DEFAULT_PREFIX};
-use imgpack::sink::webdataset::ShardLimits;
-use imgpack::size::ByteSize;
-use imgpack::transcode::decode::DEFAULT_MAX_PIXELS;
-use imgpack::transcode::{Decode, DecodeOptions, Filter, Mode, Reencode, Resize, Subsampling, Transcoder};
+use crate::pack::config::{OnError, OutputFormat, PackConfig, SourceKind, DEFAULT_PREFIX};
+use crate::sink::webdataset::ShardLimits;
+use crate::size::ByteSize;
+use crate::transcode::decode::DEFAULT_MAX_PIXELS;
+use crate::transcode::{Decode, DecodeOptions, Filter, Mode, Reencode, Resize, Subsampling, Transcoder};
 
 /// Pack image datasets into few large files that training jobs read fast.
 ///
@@ -128,14 +129,14 @@ fn thread_count(text: &str) -> Result<NonZeroUsize, String> {
 }
 
 /// A `--threads` count, all cores when not given.
-fn threads(given: Option<NonZeroUsize>) -> imgpack::Result<NonZeroUsize> {
-    Ok(given.unwrap_or_else(imgpack::pack::config::all_cores))
+fn threads(given: Option<NonZeroUsize>) -> crate::Result<NonZeroUsize> {
+    Ok(given.unwrap_or_else(crate::pack::config::all_cores))
 }
 
 impl MergeArgs {
     /// The library options.
-    pub fn to_options(&self) -> imgpack::Result<imgpack::cluster::merge::MergeOptions> {
-        Ok(imgpack::cluster::merge::MergeOptions {
+    pub fn to_options(&self) -> crate::Result<crate::cluster::merge::MergeOptions> {
+        Ok(crate::cluster::merge::MergeOptions {
             keep_parts: self.keep_parts,
             threads: threads(self.threads)?,
         })
@@ -193,10 +194,10 @@ impl ListingArgs {
     }
 
     /// The accepted extensions, normalised.
-    pub fn extensions(&self) -> imgpack::Result<Vec<String>> {
+    pub fn extensions(&self) -> crate::Result<Vec<String>> {
         match &self.extensions {
             Some(list) => PackConfig::parse_extensions(list),
-            None => Ok(imgpack::pack::config::DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect()),
+            None => Ok(crate::pack::config::DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect()),
         }
     }
 }
@@ -220,8 +221,8 @@ pub struct VerifyArgs {
 
 impl VerifyArgs {
     /// The library options.
-    pub fn to_options(&self) -> imgpack::Result<imgpack::verify::VerifyOptions> {
-        Ok(imgpack::verify::VerifyOptions { decode: self.decode, threads: threads(self.threads)? })
+    pub fn to_options(&self) -> crate::Result<crate::verify::VerifyOptions> {
+        Ok(crate::verify::VerifyOptions { decode: self.decode, threads: threads(self.threads)? })
     }
 }
 
@@ -307,17 +308,17 @@ pub struct BenchReadArgs {
 
 impl BenchReadArgs {
     /// The measurement plan; impossible values are refused.
-    pub fn to_plan(&self) -> imgpack::Result<imgpack::bench::Plan> {
-        use imgpack::bench::{Cache, Pattern, Plan};
+    pub fn to_plan(&self) -> crate::Result<crate::bench::Plan> {
+        use crate::bench::{Cache, Pattern, Plan};
         if self.threads.is_empty() {
-            return Err(imgpack::Error::Usage("--threads takes counts of 1 or more, e.g. 1,2,4,8,16".into()));
+            return Err(crate::Error::Usage("--threads takes counts of 1 or more, e.g. 1,2,4,8,16".into()));
         }
         if self.samples == Some(0) {
-            return Err(imgpack::Error::Usage("--samples must be at least 1".into()));
+            return Err(crate::Error::Usage("--samples must be at least 1".into()));
         }
         let duration = match self.duration {
             Some(d) if !(d > 0.0 && d.is_finite()) => {
-                return Err(imgpack::Error::Usage("--duration takes a positive number of seconds".into()))
+                return Err(crate::Error::Usage("--duration takes a positive number of seconds".into()))
             }
             d => d.map(std::time::Duration::from_secs_f64),
         };
@@ -541,11 +542,11 @@ pub struct TranscodeArgs {
 
 impl TranscodeArgs {
     /// The transcoder; a flag that does not apply to the chosen mode is refused by name.
-    pub fn to_transcoder(&self) -> imgpack::Result<Transcoder> {
+    pub fn to_transcoder(&self) -> crate::Result<Transcoder> {
         let given = |flag: &'static str, set: bool| set.then_some(flag);
-        let not_for = |mode: &str, flags: &[Option<&'static str>]| -> imgpack::Result<()> {
+        let not_for = |mode: &str, flags: &[Option<&'static str>]| -> crate::Result<()> {
             match flags.iter().flatten().next() {
-                Some(flag) => Err(imgpack::Error::Usage(format!(
+                Some(flag) => Err(crate::Error::Usage(format!(
                     "{flag} does not apply to --mode {mode}; drop it or choose a --mode it applies to"
                 ))),
                 None => Ok(()),
@@ -609,7 +610,7 @@ impl TranscodeArgs {
             }
         };
         if self.upscale && resize.is_none() {
-            return Err(imgpack::Error::Usage("--upscale needs --resize-shorter or --max-side".into()));
+            return Err(crate::Error::Usage("--upscale needs --resize-shorter or --max-side".into()));
         }
         Ok(Transcoder {
             mode,
@@ -623,14 +624,14 @@ impl TranscodeArgs {
 }
 
 /// `zstd` or `zstd:LEVEL` (1..=22) to a zstd level.
-fn parse_compress(text: &str) -> imgpack::Result<i32> {
+fn parse_compress(text: &str) -> crate::Result<i32> {
     let level = match text.split_once(':') {
         None if text == "zstd" => Some(3),
         Some(("zstd", level)) => level.parse().ok().filter(|l| (1..=22).contains(l)),
         _ => None,
     };
     level.ok_or_else(|| {
-        imgpack::Error::Usage(format!(
+        crate::Error::Usage(format!(
             "--compress {text:?}: write zstd or zstd:LEVEL with LEVEL from 1 to 22"
         ))
     })
@@ -651,7 +652,7 @@ pub struct OutputArgs {
 
 impl PackArgs {
     /// The library configuration; flags that do not apply to the chosen output are refused.
-    pub fn to_config(&self, source_kind: SourceKind) -> imgpack::Result<PackConfig> {
+    pub fn to_config(&self, source_kind: SourceKind) -> crate::Result<PackConfig> {
         let shard_flags = [
             ("--shard-size", self.shard_size.is_some()),
             ("--shard-samples", self.shard_samples.is_some()),
@@ -659,7 +660,7 @@ impl PackArgs {
         ];
         if self.to != To::Webdataset {
             if let Some((flag, _)) = shard_flags.iter().find(|(_, given)| *given) {
-                return Err(imgpack::Error::Usage(format!(
+                return Err(crate::Error::Usage(format!(
                     "{flag} applies to --to webdataset only; drop it or pass --to webdataset"
                 )));
             }
@@ -691,7 +692,7 @@ impl PackArgs {
         if let Some(part) = &self.part {
             let env = |name: &str| std::env::var(name).ok();
             config.part =
-                Some(imgpack::cluster::split::Part::parse(part, env).map_err(imgpack::Error::Usage)?);
+                Some(crate::cluster::split::Part::parse(part, env).map_err(crate::Error::Usage)?);
         }
         if let Some(size) = self.checkpoint_bytes {
             config.checkpoint_bytes = size.0.max(1);
@@ -755,7 +756,7 @@ mod tests {
         assert!(err.contains("unknown unit"), "{err}");
     }
 
-    fn transcoder(args: &[&str]) -> imgpack::Result<Transcoder> {
+    fn transcoder(args: &[&str]) -> crate::Result<Transcoder> {
         let argv = [&["pack", "convert", "x", "--to", "lmdb", "-o", "y"][..], args].concat();
         let Command::Convert(parsed) = Cli::try_parse_from(argv).unwrap().command else { panic!("convert") };
         parsed.transcode.to_transcoder()

@@ -1,0 +1,288 @@
+//! The `pack` command line: parse, run one library call per subcommand, report.
+//!
+//! Every command line goes through two stages, as ripgrep's and fd's do: [`args`] holds the clap
+//! definitions and turns them into the library's validated configuration (sizes resolved,
+//! conflicting flags rejected) before any work starts; this module runs the configured call
+//! and renders what it reports — the summary on stdout (text, or one JSON object with
+//! `--json`), warnings on stderr, progress as an indicatif bar — and maps the result to an
+//! exit code. It lives in the library, not in `src/main.rs`, so the binary and the Python
+//! package's `pack` entry point are one program.
+
+pub mod args;
+
+use std::io::{IsTerminal, Write};
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::pack::config::SourceKind;
+use crate::progress::Progress;
+use args::{Cli, Command};
+
+/// Exit code for a run stopped by an error.
+const EXIT_ERROR: u8 = 1;
+/// Exit code for a command line that cannot work (as clap uses for parse errors).
+const EXIT_USAGE: u8 = 2;
+
+/// Exit code for a run stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report it).
+const EXIT_INTERRUPTED: u8 = 130;
+
+/// Runs the `pack` command line `args` (the program name first, as `std::env::args_os` gives
+/// it) and returns the process exit code. Help, version and parse errors are printed and exit
+/// the process, as clap does.
+///
+/// This is the whole program: `src/main.rs` calls it, and so does the Python package's `pack`
+/// entry point, so `pip install imgpack` gives the same command. It changes process-wide
+/// settings that only a process running `pack` should have (the allocator's trim threshold,
+/// SIGXFSZ, and while packing the SIGINT/SIGTERM handlers): call it from a process that runs
+/// `pack` and nothing else.
+pub fn main(args: Vec<std::ffi::OsString>) -> u8 {
+    keep_freed_memory();
+    // A write past the file size limit (`ulimit -f`) then fails with EFBIG, which is reported
+    // with its cause and fix, instead of killing the process with SIGXFSZ.
+    // SAFETY: setting a signal to be ignored has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+    let cli = Cli::parse_from(with_implicit_subcommand(args));
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            let mut message = format!("error: {err}");
+            let mut source = std::error::Error::source(&err);
+            while let Some(cause) = source {
+                let text = cause.to_string();
+                if !message.contains(&text) {
+                    message.push_str(&format!("\n  caused by: {text}"));
+                }
+                source = cause.source();
+            }
+            eprintln!("{message}");
+            match err {
+                crate::Error::Usage(_) => EXIT_USAGE,
+                crate::Error::Interrupted { .. } => EXIT_INTERRUPTED,
+                _ => EXIT_ERROR,
+            }
+        }
+    }
+}
+
+/// Tells glibc's allocator to keep memory it frees instead of handing it back to the kernel.
+///
+/// Packing streams every byte of a dataset through buffers of the same few sizes (file reads,
+/// LMDB's dirty pages). By default glibc returns freed blocks of 128 kB and more to the kernel
+/// and the next chunk faults them back in: about one page fault per 4 kB packed, measured as a
+/// third of `pack`'s system time in `benches/pack_vs_tar.py`. Memory stays bounded by the
+/// pipeline's own limits; it is just reused.
+fn keep_freed_memory() {
+    // SAFETY: mallopt only changes allocator tunables; it is called before any other thread
+    // exists, and a rejected value leaves the default in place.
+    unsafe {
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+    }
+}
+
+/// `pack SRC --to ...` is `pack convert SRC --to ...`: a first argument that is neither a
+/// subcommand nor a flag is a source path.
+fn with_implicit_subcommand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let is_source = args.get(1).is_some_and(|first| {
+        let text = first.to_string_lossy();
+        !text.starts_with('-') && !args::SUBCOMMANDS.contains(&text.as_ref())
+    });
+    if is_source {
+        args.insert(1, "convert".into());
+    }
+    args
+}
+
+fn run(cli: Cli) -> crate::Result<u8> {
+    let (args, kind) = match &cli.command {
+        Command::Imagefolder(args) => (args, SourceKind::ImageFolder),
+        Command::Convert(args) => (args, SourceKind::Detect),
+        Command::BenchRead(args) => return bench_read(args),
+        Command::Verify(args) => return verify(args),
+        Command::Plan(args) => return plan(args),
+        Command::Merge(args) => return merge(args),
+    };
+    let config = args.to_config(kind)?;
+    // Only packing stops at a checkpoint on Ctrl-C; the other commands just end.
+    crate::interrupt::install();
+    let bar = progress_bar(args.output.quiet, PACK_BAR);
+    let report = crate::pack::pipeline::pack(&config, &Bar(bar.clone()))?;
+    for line in report.warning_lines() {
+        eprintln!("warning: {line}");
+    }
+    print_summary(&args.output, &report);
+    Ok(report.exit_code() as u8)
+}
+
+/// `pack bench-read`: measure every input (or read earlier results with `--compare`), print a
+/// table per input as it finishes, then write `--json` and `--plot`.
+fn bench_read(args: &args::BenchReadArgs) -> crate::Result<u8> {
+    use crate::bench::{self, input::Input, record};
+    let mut stdout = std::io::stdout().lock();
+    let json_to_stdout = args.json.as_deref() == Some(std::path::Path::new("-"));
+    let measurements = if !args.compare.is_empty() {
+        let mut runs = Vec::new();
+        for path in &args.compare {
+            runs.push((path.display().to_string(), record::read_jsonl(path)?));
+        }
+        let _ = write!(stdout, "{}", record::compare_table(&runs));
+        runs.into_iter().flat_map(|(_, ms)| ms).collect()
+    } else {
+        let plan = args.to_plan()?;
+        let mut inputs = Vec::new();
+        if let Some(file) = &args.file {
+            inputs.push(Input::blocks(file, args.block_size.0)?);
+        }
+        for path in &args.paths {
+            inputs.extend(Input::detect(path)?);
+        }
+        if !json_to_stdout {
+            let _ = writeln!(
+                stdout,
+                "bench-read on {}: each read timed alone (clock pair ~{:.0} ns), bytes checksummed\n",
+                bench::host_name(),
+                bench::timer_overhead_ns()
+            );
+        }
+        let bar = progress_bar(args.quiet, BENCH_BAR);
+        let mut all = Vec::new();
+        for input in &inputs {
+            let sweep = bench::sweep(input, &plan, &Bar(bar.clone()))?;
+            if !json_to_stdout {
+                let _ = writeln!(stdout, "{}", record::sweep_table(&sweep));
+            }
+            all.extend(sweep);
+        }
+        bar.finish_and_clear();
+        if let Some(path) = &args.json {
+            record::write_jsonl(path, &all)?;
+        }
+        all
+    };
+    if let Some(path) = &args.plot {
+        bench::plot::plot(path, &measurements)?;
+    }
+    Ok(0)
+}
+
+/// `pack plan`: walk the tree once, write the plan.
+fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
+    if args.out.exists() && !args.overwrite {
+        return Err(crate::Error::OutputExists { path: args.out.clone() });
+    }
+    let extensions = args.listing.extensions()?;
+    let seed = args.listing.seed();
+    let threads = args.threads.unwrap_or_else(crate::pack::config::all_cores);
+    let plan = crate::source::plan::make(&args.source, &extensions, seed, threads)?;
+    plan.write(&args.out)?;
+    for warning in &plan.header.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let header = &plan.header;
+    let mut stdout = std::io::stdout().lock();
+    if args.output.json {
+        let summary = serde_json::json!({
+            "type": "plan",
+            "plan": args.out.to_string_lossy(),
+            "root": header.root,
+            "samples": header.samples,
+            "classes": header.classes.len(),
+            "bytes": header.bytes,
+        });
+        let _ = writeln!(stdout, "{summary}");
+    } else if !args.output.quiet {
+        let _ = writeln!(
+            stdout,
+            "planned {} samples in {} classes ({}) from {} into {}",
+            header.samples,
+            header.classes.len(),
+            crate::size::human_bytes(header.bytes),
+            header.root,
+            args.out.display()
+        );
+    }
+    Ok(0)
+}
+
+/// `pack verify`: check a dataset, print every problem, exit 1 if there is any.
+fn verify(args: &args::VerifyArgs) -> crate::Result<u8> {
+    let options = args.to_options()?;
+    let bar = progress_bar(args.output.quiet, BYTES_BAR);
+    let verified = crate::verify::verify(&args.path, &options, &Bar(bar))?;
+    let mut stdout = std::io::stdout().lock();
+    if args.output.json {
+        let json = serde_json::to_string(&verified).expect("report serialises");
+        let _ = writeln!(stdout, "{json}");
+    } else if !args.output.quiet || !verified.is_ok() {
+        let _ = write!(stdout, "{verified}");
+    }
+    Ok(if verified.is_ok() { 0 } else { EXIT_ERROR })
+}
+
+/// `pack merge OUT`: merge the parts in OUT and report.
+fn merge(args: &args::MergeArgs) -> crate::Result<u8> {
+    let options = args.to_options()?;
+    let bar = progress_bar(args.output.quiet, BYTES_BAR);
+    let merged = crate::cluster::merge::merge(&args.path, &options, &Bar(bar))?;
+    print_summary(&args.output, &merged);
+    Ok(merged.exit_code() as u8)
+}
+
+/// Prints a command's summary on stdout: one JSON object with `--json`, else the text (none
+/// with `--quiet`).
+fn print_summary(output: &args::OutputArgs, summary: &(impl serde::Serialize + std::fmt::Display)) {
+    let mut stdout = std::io::stdout().lock();
+    if output.json {
+        let json = serde_json::to_string(summary).expect("summary serialises");
+        let _ = writeln!(stdout, "{json}");
+    } else if !output.quiet {
+        let _ = write!(stdout, "{summary}");
+    }
+}
+
+/// `pack verify`'s and `pack merge`'s progress bar: bytes read (copied) of the total.
+const BYTES_BAR: &str = "{spinner} {elapsed_precise} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}";
+
+/// Packing's progress bar: files done of files found.
+const PACK_BAR: &str =
+    "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} files {per_sec} {msg} ETA {eta}";
+/// bench-read's progress bar: reads of the current measurement.
+const BENCH_BAR: &str = "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} reads {msg}";
+
+/// A progress bar on stderr, hidden when stderr is not a terminal or with `--quiet`.
+fn progress_bar(quiet: bool, template: &str) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+    }
+    let bar = ProgressBar::new(0);
+    let style = ProgressStyle::with_template(template).expect("valid template").progress_chars("=> ");
+    bar.set_style(style);
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar
+}
+
+/// The library's [`Progress`] drawn as an indicatif bar.
+struct Bar(ProgressBar);
+
+impl Progress for Bar {
+    fn message(&self, text: &str) {
+        self.0.set_message(text.to_string());
+    }
+    fn length(&self, total: u64) {
+        // A new stretch of work: its rate and ETA start from now.
+        self.0.reset();
+        self.0.set_length(total);
+    }
+    fn position(&self, done: u64) {
+        self.0.set_position(done);
+    }
+    fn advance(&self, delta: u64) {
+        self.0.inc(delta);
+    }
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}
