@@ -40,6 +40,7 @@ pub mod lmdb;
 mod meta;
 pub mod part;
 mod sample;
+pub mod shared;
 mod unfinished;
 pub mod webdataset;
 

@@ -253,14 +253,27 @@ impl<'d> Snapshot<'d> {
     /// ([`crate::key::is_valid_extension`]), so a record such as `00000042./../../x` is
     /// [`Error::BadSample`] rather than a field whose name climbs out of wherever it is written.
     pub fn get(&self, index: u64) -> Result<Sample<'_>> {
-        let ds = self.dataset;
+        self.dataset.get_in(&self.txn, index)
+    }
+}
+
+impl LmdbDataset {
+    /// A read transaction that holds its own handle on the environment, for samples that must
+    /// outlive any borrow of the dataset ([`crate::shared`]).
+    pub(crate) fn static_txn(&self) -> Result<RoTxn<'static, WithoutTls>> {
+        Env::clone(&self.env).static_read_txn().map_err(|source| self.lmdb_err(source))
+    }
+
+    /// Sample `index` as found in `txn`, its fields pointing into the map; see [`Snapshot::get`].
+    pub(crate) fn get_in<'t>(&self, txn: &'t RoTxn<'_, WithoutTls>, index: u64) -> Result<Sample<'t>> {
+        let ds = self;
         if index >= ds.meta.samples {
             return Err(Error::OutOfRange { path: ds.path.to_path_buf(), index, len: ds.meta.samples });
         }
         let key = format_key(index, ds.meta.key_width);
         let prefix = format!("{key}.");
         let mut fields = Vec::with_capacity(3);
-        let iter = ds.db.prefix_iter(&self.txn, prefix.as_bytes()).map_err(|e| ds.lmdb_err(e))?;
+        let iter = ds.db.prefix_iter(txn, prefix.as_bytes()).map_err(|e| ds.lmdb_err(e))?;
         for entry in iter {
             let (name, data) = entry.map_err(|e| ds.lmdb_err(e))?;
             let ext = std::str::from_utf8(name)
