@@ -15,6 +15,7 @@
 //!   sorts it, a packed dataset, a plan file) and loaded from.
 //! - [`transcode`]: what happens to each image (check, decode, resize, encode).
 //! - [`sink`]: how samples are written, one module per output format.
+//! - [`load`]: training time: decode packed samples into batches (crops, epoch order, prefetch).
 //! - [`cluster`]: one plan packed on many machines: [`cluster::split`] cuts the plan into parts,
 //!   [`cluster::part`] packs one, [`cluster::merge`] joins them (one module per format).
 //! - [`verify`](mod@verify): `pack verify`, one module per format.
@@ -32,6 +33,7 @@ pub mod encoding;
 mod error;
 pub mod fs;
 pub mod interrupt;
+pub mod load;
 pub mod pack;
 pub mod progress;
 mod shuffle;

@@ -6,10 +6,10 @@
 //! well known and documented in FORMAT.md.
 
 /// SplitMix64 (Steele, Lea and Flood, 2014): a tiny generator with good statistical quality.
-struct SplitMix64(u64);
+pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -18,7 +18,7 @@ impl SplitMix64 {
     }
 
     /// A uniform integer in `0..bound` (Lemire's multiply-shift with rejection).
-    fn below(&mut self, bound: u64) -> u64 {
+    pub(crate) fn below(&mut self, bound: u64) -> u64 {
         let threshold = bound.wrapping_neg() % bound;
         loop {
             let m = u128::from(self.next()) * u128::from(bound);

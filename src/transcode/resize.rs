@@ -76,7 +76,7 @@ impl Filter {
         }
     }
 
-    fn fir(self) -> FilterType {
+    pub(crate) fn fir(self) -> FilterType {
         match self {
             Filter::Bilinear => FilterType::Bilinear,
             Filter::Lanczos3 => FilterType::Custom(
@@ -121,7 +121,7 @@ fn lanczos3(x: f64) -> f64 {
 }
 
 thread_local! {
-    static RESIZER: RefCell<Resizer> = RefCell::new(Resizer::new());
+    pub(crate) static RESIZER: RefCell<Resizer> = RefCell::new(Resizer::new());
 }
 
 /// Resizes to exactly `width` x `height` with `filter`.
@@ -218,7 +218,7 @@ pub fn center_crop(pixels: Pixels, n: u32) -> Pixels {
 }
 
 /// `round(d / 2)` with Python's round-half-to-even.
-fn round_half_even_half(d: usize) -> usize {
+pub(crate) fn round_half_even_half(d: usize) -> usize {
     let half = d / 2;
     if d % 2 == 1 && half % 2 == 1 {
         half + 1
