@@ -42,17 +42,21 @@ pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
     match detect(path) {
         Some(Kind::Lmdb) => LmdbDataset::open(path).map(Dataset::Lmdb),
         Some(Kind::WebDataset) => WebDataset::open(path).map(Dataset::WebDataset),
-        None => {
-            let reason = if crate::part::holds_parts(path) {
-                "holds parts of a dataset packed with `pack PLAN --part K/N` that are not merged yet; run `pack merge` on it when every part is done"
-            } else if path.exists() {
-                "neither data.mdb (LMDB) nor imgpack.json (WebDataset) inside; pass a directory written by `pack -o`"
-            } else {
-                "no such file or directory"
-            };
-            Err(Error::NotADataset { path: path.to_path_buf(), reason: reason.into() })
-        }
+        None => Err(not_a_dataset(path)),
     }
+}
+
+/// Why `path`, where [`detect`] finds no dataset, is none: it does not exist, it holds parts
+/// not merged yet, or something else. Every command that opens a dataset says it this one way.
+pub fn not_a_dataset(path: &Path) -> Error {
+    let reason = if crate::part::holds_parts(path) {
+        "holds parts of a dataset packed with `pack PLAN --part K/N` that are not merged yet; run `pack merge` on it when every part is done"
+    } else if path.exists() {
+        "neither data.mdb (LMDB) nor imgpack.json (WebDataset) inside; pass a directory written by `pack -o`"
+    } else {
+        "does not exist; check the path"
+    };
+    Error::NotADataset { path: path.to_path_buf(), reason: reason.into() }
 }
 
 impl Dataset {

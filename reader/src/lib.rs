@@ -44,7 +44,7 @@ pub mod shared;
 mod unfinished;
 pub mod webdataset;
 
-pub use dataset::{detect, open, Dataset, Kind};
+pub use dataset::{detect, not_a_dataset, open, Dataset, Kind};
 pub use error::{Error, Result};
 pub use format::ImageFormat;
 pub use lmdb::Prefetch;

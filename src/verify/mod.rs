@@ -143,12 +143,7 @@ pub fn verify(path: &Path, options: &VerifyOptions, progress: &dyn Progress) -> 
     match imgpack_reader::detect(path) {
         Some(Kind::Lmdb) => pool.install(|| lmdb::check(path, options, &mut verified, progress))?,
         Some(Kind::WebDataset) => pool.install(|| webdataset::check(path, options, &mut verified, progress)),
-        None => {
-            return Err(Error::BadSource {
-                path: path.to_path_buf(),
-                reason: "neither data.mdb (LMDB) nor imgpack.json (WebDataset) inside; pass a directory written by `pack -o`".into(),
-            })
-        }
+        None => return Err(imgpack_reader::not_a_dataset(path).into()),
     }
     verified.seconds = started.elapsed().as_secs_f64();
     progress.finish();
