@@ -50,7 +50,8 @@ unsafe impl Sync for SharedSample {}
 
 impl std::fmt::Debug for SharedSample {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let fields: Vec<(&str, usize)> = self.fields.iter().map(|(ext, _, len)| (ext.as_str(), *len)).collect();
+        let fields: Vec<(&str, usize)> =
+            self.fields.iter().map(|(ext, _, len)| (ext.as_str(), *len)).collect();
         f.debug_struct("SharedSample").field("key", &self.key).field("fields", &fields).finish()
     }
 }
@@ -74,7 +75,10 @@ impl SharedSample {
         Sample {
             index: self.index,
             key: self.key.clone(),
-            fields: self.fields().map(|(ext, data)| Field { ext: ext.to_string(), data: Cow::Borrowed(data) }).collect(),
+            fields: self
+                .fields()
+                .map(|(ext, data)| Field { ext: ext.to_string(), data: Cow::Borrowed(data) })
+                .collect(),
             dataset: self.dataset_path.clone(),
         }
     }

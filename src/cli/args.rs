@@ -4,12 +4,12 @@
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::pack::config::{OnError, OutputFormat, PackConfig, SourceKind, DEFAULT_PREFIX};
 use crate::sink::webdataset::ShardLimits;
 use crate::size::ByteSize;
 use crate::transcode::decode::DEFAULT_MAX_PIXELS;
 use crate::transcode::{Decode, DecodeOptions, Filter, Mode, Reencode, Resize, Subsampling, Transcoder};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Pack image datasets into few large files that training jobs read fast.
 ///
@@ -631,9 +631,7 @@ fn parse_compress(text: &str) -> crate::Result<i32> {
         _ => None,
     };
     level.ok_or_else(|| {
-        crate::Error::Usage(format!(
-            "--compress {text:?}: write zstd or zstd:LEVEL with LEVEL from 1 to 22"
-        ))
+        crate::Error::Usage(format!("--compress {text:?}: write zstd or zstd:LEVEL with LEVEL from 1 to 22"))
     })
 }
 
@@ -691,8 +689,7 @@ impl PackArgs {
         config.resume = self.resume;
         if let Some(part) = &self.part {
             let env = |name: &str| std::env::var(name).ok();
-            config.part =
-                Some(crate::cluster::split::Part::parse(part, env).map_err(crate::Error::Usage)?);
+            config.part = Some(crate::cluster::split::Part::parse(part, env).map_err(crate::Error::Usage)?);
         }
         if let Some(size) = self.checkpoint_bytes {
             config.checkpoint_bytes = size.0.max(1);
