@@ -86,11 +86,29 @@ fn source_problems_name_the_path_and_the_fix() {
     let missing = fx.out("missing");
     let assert = pack(&[&"imagefolder", &missing, &"--to", &"lmdb", &"-o", &out]).assert().code(1);
     let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
-    assert!(stderr.contains(&format!("{}: is not a directory", missing.display())), "{stderr}");
+    assert!(stderr.contains(&format!("{}: does not exist", missing.display())), "{stderr}");
+    let file = testdata().join("imagefolder/cat/chelsea_01.jpg");
+    let assert = pack(&[&"imagefolder", &file, &"--to", &"lmdb", &"-o", &out]).assert().code(1);
+    let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
+    assert!(stderr.contains(&format!("{}: is a file, neither a plan", file.display())), "{stderr}");
+    let assert = pack(&[&"plan", &missing, &"-o", &fx.out("p.plan")]).assert().code(1);
+    let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
+    assert!(stderr.contains(&format!("{}: does not exist", missing.display())), "{stderr}");
+    let assert = pack(&[&"verify", &missing]).assert().code(1);
+    let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
+    assert!(
+        stderr.contains(&format!("{}: not a complete imgpack dataset: does not exist", missing.display())),
+        "{stderr}"
+    );
 
     let flat = fx.out("flat");
     fs::create_dir(&flat).unwrap();
     fs::copy(testdata().join("imagefolder/cat/chelsea_01.jpg"), flat.join("a.jpg")).unwrap();
+    let assert = pack(&[&"imagefolder", &flat, &"--to", &"lmdb", &"-o", &out]).assert().code(1);
+    let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
+    assert!(stderr.contains("holds 1 image file but no class folders"), "{stderr}");
+    assert!(stderr.contains("pass the directory above it"), "{stderr}");
+    fs::remove_file(flat.join("a.jpg")).unwrap();
     let assert = pack(&[&"imagefolder", &flat, &"--to", &"lmdb", &"-o", &out]).assert().code(1);
     let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
     assert!(stderr.contains("has no class folders"), "{stderr}");
@@ -123,4 +141,27 @@ fn symlinked_files_are_followed_and_loops_reported() {
         .find(|s| s.info().unwrap().path == "space/nested/link.jpg")
         .expect("the symlinked file is a sample");
     assert_eq!(linked.image().unwrap().1, &fs::read(&target).unwrap()[..]);
+}
+
+#[test]
+fn images_directly_in_the_root_are_counted_in_a_warning() {
+    let fx = Fixture::new();
+    for name in ["stray_1.jpg", "stray_2.png"] {
+        fs::copy(testdata().join("imagefolder/cat/chelsea_04.png"), fx.tree().join(name)).unwrap();
+    }
+    fs::write(fx.tree().join("notes.txt"), "not an image").unwrap();
+    let out = fx.out("w.lmdb");
+    let assert =
+        pack(&[&"imagefolder", &fx.tree(), &"--to", &"lmdb", &"-o", &out, &"--json"]).assert().code(0);
+    let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
+    assert!(stderr.contains("2 image files directly in it are not samples"), "{stderr}");
+    assert!(stderr.contains("pass the directory above it"), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&assert.get_output().stdout).unwrap();
+    let warnings = summary["warnings"].as_array().unwrap();
+    assert!(
+        warnings.iter().any(|w| w.as_str().unwrap().contains("2 image files directly in it")),
+        "{summary}"
+    );
+    // The strays are no samples: the count is the tree's, as torchvision's.
+    assert_eq!(summary["found"], summary["packed"]);
 }

@@ -156,13 +156,7 @@ impl PackConfig {
                 "--to imagefolder writes the stored bytes back as files; drop --mode (it only applies to lmdb and webdataset)".into(),
             ));
         }
-        if !self.source.is_dir() {
-            return Err(Error::BadSource {
-                path: self.source.clone(),
-                reason: "is not a directory; pass the root of an ImageFolder tree (root/<class>/<image>)"
-                    .into(),
-            });
-        }
+        crate::source::imagefolder::check_root(&self.source)?;
         let (src, out) = (self.source.canonicalize().ok(), absolute(&self.output));
         if let (Some(src), Some(out)) = (src, out) {
             if out.starts_with(&src) {
@@ -239,6 +233,6 @@ mod tests {
     fn missing_source_names_the_path() {
         let cfg = PackConfig::new("/no/such/dir", "/tmp/x", OutputFormat::Lmdb);
         let err = cfg.validate().unwrap_err().to_string();
-        assert!(err.starts_with("/no/such/dir: is not a directory"), "{err}");
+        assert!(err.starts_with("/no/such/dir: does not exist"), "{err}");
     }
 }

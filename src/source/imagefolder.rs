@@ -35,6 +35,20 @@ pub struct ImageFolder {
     extensions: Vec<String>,
 }
 
+/// Refuses a source root that is not a directory, saying whether it is missing (a typo, an
+/// unmounted volume) or something else (a file, a dataset passed where a tree was meant).
+pub fn check_root(root: &Path) -> Result<()> {
+    let reason = match fs::metadata(root) {
+        Ok(meta) if meta.is_dir() => return Ok(()),
+        Ok(_) => "is not a directory; pass the root of an ImageFolder tree (root/<class>/<image>)",
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            "does not exist; check the path, or pass the root of an ImageFolder tree (root/<class>/<image>)"
+        }
+        Err(source) => return Err(Error::Io { path: root.to_path_buf(), source }),
+    };
+    Err(Error::BadSource { path: root.to_path_buf(), reason: reason.into() })
+}
+
 impl ImageFolder {
     /// The tree at `root`, keeping files whose extension (lower case, no dot) is in `extensions`.
     pub fn new(root: impl Into<PathBuf>, extensions: &[impl AsRef<str>]) -> ImageFolder {
@@ -142,17 +156,39 @@ impl Source for ImageFolder {
         let root = &self.root;
         let entries = fs::read_dir(root).map_err(Error::io(root))?;
         let mut classes: Vec<(Vec<u32>, std::ffi::OsString)> = Vec::new();
+        // Images directly in the root are no samples (torchvision ignores them too); they
+        // are counted, because they usually mean a class folder was passed as the root.
+        let mut loose = 0u64;
         for entry in entries {
             let entry = entry.map_err(Error::io(root))?;
-            if fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
-                classes.push((python_sort_key(&entry.file_name()), entry.file_name()));
+            match fs::metadata(entry.path()) {
+                Ok(meta) if meta.is_dir() => {
+                    classes.push((python_sort_key(&entry.file_name()), entry.file_name()))
+                }
+                Ok(meta) if meta.is_file() && self.accepts(&entry.file_name()) => loose += 1,
+                _ => {}
             }
         }
+        let parent = root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".."));
+        let files = if loose == 1 { "image file" } else { "image files" };
         if classes.is_empty() {
-            return Err(Error::BadSource {
-                path: root.clone(),
-                reason: "has no class folders; an ImageFolder tree is root/<class>/<image> — pass the folder that holds the class folders".into(),
-            });
+            let reason = if loose > 0 {
+                format!(
+                    "holds {loose} {files} but no class folders, so it has no samples (an ImageFolder tree is root/<class>/<image>); if it is one class folder, pass the directory above it ({})",
+                    parent.display()
+                )
+            } else {
+                "has no class folders; an ImageFolder tree is root/<class>/<image> — pass the folder that holds the class folders".into()
+            };
+            return Err(Error::BadSource { path: root.clone(), reason });
+        }
+        let mut warnings = Vec::new();
+        if loose > 0 {
+            warnings.push(format!(
+                "{}: {loose} {files} directly in it are not samples (only images inside class folders are, as in torchvision); if it is a class folder, pass the directory above it ({})",
+                root.display(),
+                parent.display()
+            ));
         }
         classes.sort_by(|a, b| a.0.cmp(&b.0));
         let walked: Vec<_> = classes
@@ -162,6 +198,7 @@ impl Source for ImageFolder {
             .collect();
         let mut listing = Listing {
             classes: classes.iter().map(|(_, n)| n.to_string_lossy().into_owned()).collect(),
+            warnings,
             ..Listing::default()
         };
         for (i, (samples, warnings)) in walked.into_iter().enumerate() {
@@ -295,6 +332,10 @@ mod tests {
     fn no_class_folders_is_an_error_naming_the_root() {
         let dir = tempfile::tempdir().unwrap();
         touch(&dir.path().join("x.jpg"));
+        let err = ImageFolder::new(dir.path(), &exts()).list().unwrap_err().to_string();
+        assert!(err.contains("holds 1 image file but no class folders"), "{err}");
+        assert!(err.contains(&dir.path().display().to_string()), "{err}");
+        std::fs::remove_file(dir.path().join("x.jpg")).unwrap();
         let err = ImageFolder::new(dir.path(), &exts()).list().unwrap_err().to_string();
         assert!(err.contains("has no class folders"), "{err}");
     }

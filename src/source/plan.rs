@@ -255,12 +255,7 @@ impl Plan {
 /// indices, and shuffle with `seed` — and `stat`s every file on `threads` threads.
 pub fn make(root: &Path, extensions: &[String], seed: Option<u64>, threads: NonZeroUsize) -> Result<Plan> {
     use rayon::prelude::*;
-    if !root.is_dir() {
-        return Err(Error::BadSource {
-            path: root.to_path_buf(),
-            reason: "is not a directory; pass the root of an ImageFolder tree (root/<class>/<image>)".into(),
-        });
-    }
+    crate::source::imagefolder::check_root(root)?;
     let source = crate::source::imagefolder::ImageFolder::new(root, extensions);
     let mut listing = source.list()?;
     if let Some(seed) = seed {
