@@ -205,3 +205,38 @@ fn shard_flags_are_refused_for_other_formats() {
     let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
     assert!(stderr.contains("unknown unit"), "{stderr}");
 }
+
+#[test]
+fn shards_in_class_order_come_with_one_note_on_shuffling() {
+    let fx = Fixture::new();
+    let note = "pass --shuffle --seed N";
+    let run = |args: &[&dyn AsRef<std::ffi::OsStr>]| {
+        let assert = pack(args).assert().code(0);
+        let out = assert.get_output();
+        (String::from_utf8_lossy(&out.stderr).into_owned(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (stderr, _) = run(&[&"imagefolder", &fx.tree(), &"--to", &"webdataset", &"-o", &fx.out("plain")]);
+    assert_eq!(stderr.matches(note).count(), 1, "{stderr}");
+    let (_, json) =
+        run(&[&"imagefolder", &fx.tree(), &"--to", &"webdataset", &"-o", &fx.out("json"), &"--json"]);
+    let summary: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(summary["notes"][0].as_str().unwrap().contains(note), "{summary}");
+    assert_eq!(summary["warnings"], serde_json::json!([]), "a note is no warning: {summary}");
+    for args in [
+        vec![
+            &"imagefolder" as &dyn AsRef<std::ffi::OsStr>,
+            &fx.tree(),
+            &"--to",
+            &"webdataset",
+            &"-o",
+            &fx.out("shuf"),
+            &"--shuffle",
+        ],
+        vec![&"imagefolder", &fx.tree(), &"--to", &"lmdb", &"-o", &fx.out("x.lmdb")],
+        vec![&fx.out("plain"), &"--to", &"webdataset", &"-o", &fx.out("converted")],
+        vec![&"imagefolder", &fx.tree(), &"--to", &"webdataset", &"-o", &fx.out("quiet"), &"-q"],
+    ] {
+        let (stderr, _) = run(&args);
+        assert!(!stderr.contains(note), "{stderr}");
+    }
+}

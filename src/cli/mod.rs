@@ -113,6 +113,11 @@ fn run(cli: Cli) -> crate::Result<u8> {
     for line in report.warning_lines() {
         eprintln!("warning: {line}");
     }
+    if !args.output.quiet {
+        for note in &report.notes {
+            eprintln!("note: {note}");
+        }
+    }
     print_summary(&args.output, &report);
     Ok(report.exit_code() as u8)
 }

@@ -109,6 +109,18 @@ pub fn pack(config: &PackConfig, bar: &dyn Progress) -> Result<Report> {
     run(config, Input { source, kind, root, ordered: false, part: None }, bar)
 }
 
+/// The note for shards written in a tree's class-after-class order: a WebDataset packed from a
+/// tree (or a plan of one) without `--shuffle`. Not for a part (the plan's run says it once)
+/// nor for a conversion, which keeps the order the dataset was packed in.
+fn class_order_note(config: &PackConfig, source_kind: &str, is_part: bool) -> Vec<String> {
+    let class_order = matches!(config.format, OutputFormat::WebDataset { .. }) && config.shuffle.is_none();
+    if class_order && source_kind == "imagefolder" && !is_part {
+        vec![crate::pack::report::CLASS_ORDER_NOTE.to_string()]
+    } else {
+        Vec::new()
+    }
+}
+
 /// What a run packs and how its samples are keyed.
 struct Input {
     source: Box<dyn Source>,
@@ -164,6 +176,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         classes: listing.classes.len(),
         empty_classes: listing.empty_classes.clone(),
         warnings: listing.warnings.clone(),
+        notes: class_order_note(config, source_kind, part.is_some()),
         ..Report::default()
     };
     let run = Run {

@@ -79,7 +79,14 @@ pub struct Report {
     pub megabytes_per_second: f64,
     /// Warnings that did not stop the run (symlink loops, unreadable directories).
     pub warnings: Vec<String>,
+    /// Advice about the output that is no problem with the input (e.g. [`CLASS_ORDER_NOTE`]).
+    pub notes: Vec<String>,
 }
+
+/// Said when WebDataset shards are written in source order: ImageFolder order is class after
+/// class, so shard 0 holds only the first classes, and a streaming loader's shuffle buffer (a
+/// few thousand samples) mixes within a shard or two, not across the dataset.
+pub const CLASS_ORDER_NOTE: &str = "the shards hold the classes one after another (shard 0 is all the first classes), which a streaming loader's shuffle buffer cannot mix; pass --shuffle --seed N to store the samples in a random order, unless every reader samples by index (wids, DALI's random_shuffle, imgpack.Loader)";
 
 impl Report {
     /// The summary of a part run that found its part already packed (by an earlier run of the

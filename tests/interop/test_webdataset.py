@@ -614,3 +614,26 @@ def test_round_trip_through_lmdb(packed, tmp_path, pack_bin):
     for rel in want:
         assert got[rel] == want[rel], f"{rel}: bytes differ after the round trip"
     assert torchvision_view(tree2) == (packed.classes, packed.samples)
+
+
+# --------------------------------------------------------------------------- the README snippet
+
+
+def test_readme_webdataset_snippet(packed, tmp_path, monkeypatch):
+    """The README's WebDataset snippet, run as written in a directory whose `shards/` is a copy
+    of the packed output: it streams every sample in order and reads by index from the shards
+    in place (cache_dir is their own directory: wids copies nothing into /tmp/_wids_cache)."""
+    import shutil
+
+    shutil.copytree(packed.out, tmp_path / "shards")
+    monkeypatch.chdir(tmp_path)
+    before = set((tmp_path / "shards").iterdir())
+    names = interop_util.run_doc_snippet("README.md", "webdataset-snippet")
+    labels = [int(cls) for _, cls in names["stream"]]
+    assert labels == [label for _, label in packed.samples]
+    ra = names["random_access"]
+    assert len(ra) == packed.n
+    for i in (0, packed.n // 2, packed.n - 1):
+        sample = ra[i]  # wids' default decoding: cls -> int
+        assert (sample["__key__"], sample[".cls"]) == (key(i), packed.samples[i][1])
+    assert set((tmp_path / "shards").iterdir()) == before, "wids wrote into the shard directory"
