@@ -101,6 +101,27 @@ pub enum Command {
     /// Example: pack merge shards/
     #[command(verbatim_doc_comment)]
     Merge(MergeArgs),
+
+    /// Print a completion script for a shell (bash, zsh, fish, elvish, powershell).
+    ///
+    /// Examples:
+    ///   pack completions bash > ~/.local/share/bash-completion/completions/pack
+    ///   pack completions zsh > ~/.zfunc/_pack    (with fpath+=~/.zfunc before compinit)
+    ///   pack completions fish > ~/.config/fish/completions/pack.fish
+    #[command(verbatim_doc_comment)]
+    Completions(CompletionsArgs),
+
+    /// Print the man page (roff): every subcommand with its options.
+    ///
+    /// Example: pack man > ~/.local/share/man/man1/pack.1 && man pack
+    Man,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Args)]
@@ -227,8 +248,8 @@ impl VerifyArgs {
 }
 
 /// The subcommand names; anything else in first position is a source path (`pack SRC ...`).
-pub const SUBCOMMANDS: [&str; 7] =
-    ["imagefolder", "convert", "bench-read", "plan", "verify", "merge", "help"];
+pub const SUBCOMMANDS: [&str; 9] =
+    ["imagefolder", "convert", "bench-read", "plan", "verify", "merge", "completions", "man", "help"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PatternArg {

@@ -104,6 +104,8 @@ fn run(cli: Cli) -> crate::Result<u8> {
         Command::Verify(args) => return verify(args),
         Command::Plan(args) => return plan(args),
         Command::Merge(args) => return merge(args),
+        Command::Completions(args) => return completions(args.shell),
+        Command::Man => return man(),
     };
     let config = args.to_config(kind)?;
     // Only packing stops at a checkpoint on Ctrl-C; the other commands just end.
@@ -234,6 +236,51 @@ fn merge(args: &args::MergeArgs) -> crate::Result<u8> {
     let merged = crate::cluster::merge::merge(&args.path, &options, &Bar(bar))?;
     print_summary(&args.output, &merged);
     Ok(merged.exit_code() as u8)
+}
+
+/// `pack completions SHELL`: the completion script, generated from the clap definitions.
+fn completions(shell: clap_complete::Shell) -> crate::Result<u8> {
+    use clap::CommandFactory;
+    clap_complete::generate(shell, &mut Cli::command(), "pack", &mut std::io::stdout().lock());
+    Ok(0)
+}
+
+/// `pack man`: one roff page, the command's own sections (clap_mangen) and then a section per
+/// subcommand with its synopsis, description and options as subsections, so `man pack` shows
+/// every flag of every subcommand.
+fn man() -> crate::Result<u8> {
+    let page = man_page().map_err(|source| crate::Error::Io { path: "<stdout>".into(), source })?;
+    let _ = std::io::stdout().lock().write_all(&page);
+    Ok(0)
+}
+
+/// The roff text of `pack man`.
+pub fn man_page() -> std::io::Result<Vec<u8>> {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let mut page = Vec::new();
+    clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let name = format!("pack {}", sub.get_name());
+        let man = clap_mangen::Man::new(sub.clone().bin_name(name.clone()));
+        writeln!(page, ".SH \"{}\"", name.to_uppercase())?;
+        let mut body = Vec::new();
+        man.render_synopsis_section(&mut body)?;
+        man.render_description_section(&mut body)?;
+        man.render_options_section(&mut body)?;
+        // Their sections become subsections of this one; the quote-string preamble each
+        // rendering repeats is the page's already.
+        for line in String::from_utf8_lossy(&body).lines() {
+            if line.starts_with(".ie \\n(.g .ds Aq") || line.starts_with(".el .ds Aq") {
+                continue;
+            }
+            match line.strip_prefix(".SH ") {
+                Some(heading) => writeln!(page, ".SS {heading}")?,
+                None => writeln!(page, "{line}")?,
+            }
+        }
+    }
+    Ok(page)
 }
 
 /// Prints a command's summary on stdout: one JSON object with `--json`, else the text (none
