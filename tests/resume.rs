@@ -285,3 +285,53 @@ fn ctrl_c_while_unpacking_publishes_nothing() {
     assert!(!out.exists(), "an interrupted unpack published a partial tree");
     assert!(!temp.exists(), "an unpack has no checkpoints to keep");
 }
+
+#[test]
+fn resume_of_a_finished_run_is_already_complete_and_writes_nothing() {
+    let fx = crate::util::Fixture::new();
+    for to in ["lmdb", "webdataset"] {
+        let out = fx.out(&format!("done-{to}"));
+        let run: Vec<std::ffi::OsString> = [
+            "imagefolder".as_ref(),
+            fx.tree().as_os_str(),
+            "--to".as_ref(),
+            to.as_ref(),
+            "-o".as_ref(),
+            out.as_os_str(),
+        ]
+        .iter()
+        .map(|a| a.to_os_string())
+        .collect();
+        assert!(command(&run).output().unwrap().status.success());
+        let before = contents(&out);
+        let modified = |p: &Path| fs::metadata(p).unwrap().modified().unwrap();
+        let meta_file = if to == "lmdb" { out.join("data.mdb") } else { out.join("imgpack.json") };
+        let stamp = modified(&meta_file);
+
+        let mut resume = run.clone();
+        resume.push("--resume".into());
+        let again = command(&resume).output().unwrap();
+        let stdout = String::from_utf8_lossy(&again.stdout);
+        assert_eq!(again.status.code(), Some(0), "{to}: {}", String::from_utf8_lossy(&again.stderr));
+        assert_eq!(stdout.lines().count(), 1, "{stdout}");
+        assert!(stdout.contains("is already complete") && stdout.contains("nothing was written"), "{stdout}");
+        assert_eq!(contents(&out), before, "{to}");
+        assert_eq!(modified(&meta_file), stamp, "{to}: rewritten");
+
+        let mut json = resume.clone();
+        json.push("--json".into());
+        let summary = crate::util::summary(&command(&json).output().unwrap().stdout);
+        assert_eq!(summary["nothing_done"], true, "{summary}");
+        assert_eq!(summary["packed"], summary["found"]);
+
+        // Made by another command: refused, saying what differs, and left as it is.
+        let mut other = resume.clone();
+        other.push("--shuffle".into());
+        let refused = command(&other).output().unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("another command made") && stderr.contains("shuffle"), "{stderr}");
+        assert!(stderr.contains("--overwrite"), "{stderr}");
+        assert_eq!(contents(&out), before);
+    }
+}

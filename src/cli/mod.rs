@@ -115,6 +115,15 @@ fn run(cli: Cli) -> crate::Result<u8> {
     for line in report.warning_lines() {
         eprintln!("warning: {line}");
     }
+    if report.nothing_done && !args.output.json {
+        // One line says it all: what is there was finished before.
+        if !args.output.quiet {
+            for note in &report.notes {
+                println!("{note}");
+            }
+        }
+        return Ok(report.exit_code() as u8);
+    }
     if !args.output.quiet {
         for note in &report.notes {
             eprintln!("note: {note}");

@@ -109,6 +109,42 @@ pub fn pack(config: &PackConfig, bar: &dyn Progress) -> Result<Report> {
     run(config, Input { source, kind, root, ordered: false, part: None }, bar)
 }
 
+/// With `--resume`, an output that is already complete — published, no interrupted run's
+/// temporary beside it — and was made by this same command from the same source: nothing is
+/// left to do, so the run reports that and exits 0, as a finished `--part` run does, and
+/// scripts and schedulers can retry any run. Made by another command, it is refused with
+/// what differs.
+fn already_complete(config: &PackConfig, source_kind: &str, root: &str) -> Result<Option<Report>> {
+    let output = &config.output;
+    if !config.resume || config.overwrite || imgpack_reader::detect(output).is_none() {
+        return Ok(None);
+    }
+    if crate::fs::temp_path(output).exists() {
+        return Ok(None);
+    }
+    let meta = imgpack_reader::open(output)?.meta().clone();
+    let mut differences = config.recorded_options().differences_from_recorded(&meta.options);
+    if meta.source.root != root || meta.source.kind != source_kind {
+        differences.insert(
+            0,
+            format!(
+                "source {source_kind} {root}, where it was made from {} {}",
+                meta.source.kind, meta.source.root
+            ),
+        );
+    }
+    if differences.is_empty() {
+        return Ok(Some(Report::already_complete(output, &meta)));
+    }
+    Err(Error::Resume {
+        path: output.clone(),
+        reason: format!(
+            "it is a finished dataset that another command made ({}), so there is nothing of this run to continue; pass --overwrite to replace it, or choose another -o",
+            differences.join("; ")
+        ),
+    })
+}
+
 /// The note for shards written in a tree's class-after-class order: a WebDataset packed from a
 /// tree (or a plan of one) without `--shuffle`. Not for a part (the plan's run says it once)
 /// nor for a conversion, which keeps the order the dataset was packed in.
@@ -141,6 +177,11 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     let Input { source, kind: source_kind, root, ordered, part } = input;
     let started = Instant::now();
     config.validate()?;
+    if part.is_none() {
+        if let Some(report) = already_complete(config, source_kind, &root)? {
+            return Ok(report);
+        }
+    }
     bar.message("listing samples");
     let mut listing = source.list()?;
     // A part may be empty (more parts than samples); it still says so to `pack merge`.

@@ -81,6 +81,9 @@ pub struct Report {
     pub warnings: Vec<String>,
     /// Advice about the output that is no problem with the input (e.g. [`CLASS_ORDER_NOTE`]).
     pub notes: Vec<String>,
+    /// The output was already complete (a finished part, or `--resume` of a finished run):
+    /// nothing was read or written.
+    pub nothing_done: bool,
 }
 
 /// Said when WebDataset shards are written in source order: ImageFolder order is class after
@@ -108,6 +111,26 @@ impl Report {
                 "{} was already packed by an earlier run of this command; nothing was done",
                 output.display()
             )],
+            nothing_done: true,
+            ..Report::default()
+        }
+    }
+
+    /// The summary of a `--resume` run that found its output already complete, made by the
+    /// same command from the same source, and did nothing.
+    pub fn already_complete(output: &std::path::Path, meta: &imgpack_reader::Meta) -> Report {
+        Report {
+            kind: "summary",
+            output: output.to_path_buf(),
+            found: meta.samples,
+            packed: meta.samples,
+            classes: meta.classes.len(),
+            bytes_out: crate::fs::disk_usage(output),
+            notes: vec![format!(
+                "{} is already complete: an earlier run of this command finished it; nothing was written",
+                output.display()
+            )],
+            nothing_done: true,
             ..Report::default()
         }
     }
