@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::util::{big_tree, dump, pack, testdata, wait_for, Dump, Fixture};
+use crate::util::{big_tree, contents, dump, pack, testdata, wait_for, Dump, Fixture};
 
 fn bin() -> PathBuf {
     assert_cmd::cargo::cargo_bin("pack")
@@ -428,4 +428,22 @@ fn a_shuffled_plan_packed_in_parts_merges_into_the_shuffled_single_run() {
     }
     pack(&[&"merge", &out, &"-q"]).assert().code(0);
     assert_eq!(crate::util::contents(&out), crate::util::contents(&single), "identical key by key");
+}
+
+#[test]
+fn merging_a_single_runs_output_says_there_is_nothing_to_merge() {
+    let fx = Fixture::new();
+    for to in ["lmdb", "webdataset"] {
+        let out = fx.out(&format!("single-{to}"));
+        pack(&[&"imagefolder", &fx.tree(), &"--to", &to, &"-o", &out, &"-q"]).assert().code(0);
+        let before = contents(&out);
+        let merged = pack(&[&"merge", &out]).assert().code(0);
+        let stdout = String::from_utf8_lossy(&merged.get_output().stdout).into_owned();
+        assert!(stdout.contains("no parts in it") && stdout.contains("nothing to merge"), "{to}: {stdout}");
+        assert!(!stdout.contains("already merged"), "{stdout}");
+        let json = pack(&[&"merge", &out, &"--json"]).assert().code(0);
+        let summary: serde_json::Value = serde_json::from_slice(&json.get_output().stdout).unwrap();
+        assert_eq!((summary["parts"].as_u64(), summary["already_merged"].as_bool()), (Some(0), Some(true)));
+        assert_eq!(contents(&out), before, "{to}: merge wrote into a single run's output");
+    }
 }

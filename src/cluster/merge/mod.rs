@@ -95,6 +95,14 @@ impl Merged {
 
 impl fmt::Display for Merged {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.already_merged && self.parts == 0 {
+            return writeln!(
+                f,
+                "{} is a complete {} dataset with no parts in it (the output of a single pack run, or a merge whose parts were deleted): there is nothing to merge",
+                self.output.display(),
+                self.format
+            );
+        }
         if self.already_merged {
             return writeln!(
                 f,
@@ -226,6 +234,8 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
             }
         }
     }
+    // A WebDataset merged from parts lists its shards in the part directories; a single run's
+    // lists them at the top, and has no part directory: `parts` is then 0.
     let count = shard_dirs(&meta).len();
     Ok(Merged {
         kind: "merge",
