@@ -138,14 +138,19 @@ fn a_pre_decoded_dataset_converts_between_formats_unchanged() {
     assert_eq!(b_meta.fields, ["cls", "json", "npy.zst"]);
     assert_eq!(a_meta.classes, b_meta.classes);
 
-    // Nothing to re-encode or unpack: every sample is refused with the reason, none is lost.
-    for extra in [&["--to", "webdataset", "--mode", "reencode"][..], &["--to", "imagefolder"]] {
+    // Nothing to re-encode or unpack: refused before starting, once, with what would work;
+    // nothing is published.
+    for (extra, cannot) in [
+        (&["--to", "webdataset", "--mode", "reencode"][..], "cannot be transcoded again"),
+        (&["--to", "imagefolder"], "cannot be unpacked into an ImageFolder tree"),
+    ] {
         let out = fx.out(&format!("x{}", extra.len()));
-        let assert = pack(&[&lmdb, &"-o", &out, &"--json"]).args(extra).assert().code(3);
-        let s = summary(&assert.get_output().stdout);
-        assert_eq!(s["packed"], 0);
-        let skipped = s["skipped"].as_array().unwrap();
-        assert_eq!(skipped.len(), a.len());
-        assert!(skipped[0]["reason"].as_str().unwrap().contains("decoded pixels (npy.zst)"), "{skipped:?}");
+        let assert = pack(&[&lmdb, &"-o", &out, &"--json"]).args(extra).assert().code(2);
+        let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
+        assert!(stderr.contains("holds decoded pixels") && stderr.contains(cannot), "{stderr}");
+        assert!(stderr.contains("without --mode"), "{stderr}");
+        assert_eq!(stderr.matches("decoded pixels").count(), 1, "{stderr}");
+        let temp = out.with_file_name(format!(".{}.imgpack-tmp", out.file_name().unwrap().to_string_lossy()));
+        assert!(!out.exists() && !temp.exists(), "{extra:?}");
     }
 }

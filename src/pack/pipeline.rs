@@ -100,6 +100,22 @@ pub fn pack(config: &PackConfig, bar: &dyn Progress) -> Result<Report> {
     }
     let (source, kind): (Box<dyn Source>, &str) = if detect && is_packed(&config.source) {
         let packed = PackedDataset::open(&config.source)?;
+        if packed.holds_decoded_pixels() {
+            // Found before starting, not as one skipped sample after another.
+            let cannot = if config.format == OutputFormat::ImageFolder {
+                Some("unpacked into an ImageFolder tree")
+            } else if !matches!(config.transcoder.mode, crate::transcode::Mode::Passthrough) {
+                Some("transcoded again (--mode needs image files to decode)")
+            } else {
+                None
+            };
+            if let Some(cannot) = cannot {
+                return Err(Error::Usage(format!(
+                    "{} holds decoded pixels (packed with --mode decode), not image files, so it cannot be {cannot}; start from the dataset or tree it was made from, or convert it as it is (--to lmdb or --to webdataset, without --mode)",
+                    config.source.display()
+                )));
+            }
+        }
         let kind = packed.kind();
         (Box::new(packed), kind)
     } else {

@@ -35,6 +35,17 @@ impl PackedDataset {
         f(guard.as_ref().expect("present except while switching to checked reads"))
     }
 
+    /// Whether the samples hold decoded pixels (`--mode decode`: `npy` or `npy.zst` fields) and
+    /// no image file: what an ImageFolder tree cannot hold, since it stores the files as they were.
+    pub fn holds_decoded_pixels(&self) -> bool {
+        use imgpack_reader::format::{NPY_FIELD, NPY_ZSTD_FIELD};
+        self.with(|dataset| {
+            let fields = &dataset.meta().fields;
+            let pixels = fields.iter().any(|f| f == NPY_FIELD || f == NPY_ZSTD_FIELD);
+            pixels && !fields.iter().any(|f| imgpack_reader::ImageFormat::from_extension(f).is_some())
+        })
+    }
+
     /// `imgpack-lmdb` or `imgpack-webdataset`.
     pub fn kind(&self) -> &'static str {
         match imgpack_reader::detect(&self.path) {
