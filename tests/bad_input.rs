@@ -165,3 +165,42 @@ fn images_directly_in_the_root_are_counted_in_a_warning() {
     // The strays are no samples: the count is the tree's, as torchvision's.
     assert_eq!(summary["found"], summary["packed"]);
 }
+
+#[test]
+fn an_empty_class_is_warned_about_once_where_the_tree_is_read_and_both_summaries_agree() {
+    let fx = Fixture::new();
+    fs::create_dir(fx.tree().join("zz_empty")).unwrap();
+    let warning = "class \"zz_empty\" has no images";
+    let run = |args: &[&dyn AsRef<std::ffi::OsStr>]| {
+        let assert = pack(args).assert().code(0);
+        let out = assert.get_output();
+        (String::from_utf8_lossy(&out.stderr).into_owned(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let lmdb = fx.out("e.lmdb");
+    let (stderr, human) = run(&[&"imagefolder", &fx.tree(), &"--to", &"lmdb", &"-o", &lmdb]);
+    assert_eq!(stderr.matches(warning).count(), 1, "{stderr}");
+    assert!(human.contains("warnings  1 (listed above)"), "{human}");
+    let (_, json) = run(&[&"imagefolder", &fx.tree(), &"--to", &"lmdb", &"-o", &fx.out("j.lmdb"), &"--json"]);
+    let summary: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(summary["warnings"].as_array().unwrap().len(), 1, "{summary}");
+    assert!(summary["warnings"][0].as_str().unwrap().contains(warning), "{summary}");
+    assert_eq!(summary["empty_classes"], serde_json::json!(["zz_empty"]));
+
+    // Converting, planning and packing the plan: said where the tree is walked, and only there.
+    let (stderr, json) =
+        run(&[&lmdb, &"--to", &"webdataset", &"-o", &fx.out("c.wds"), &"--shuffle", &"--json"]);
+    assert!(!stderr.contains(warning), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(summary["warnings"], serde_json::json!([]), "{summary}");
+    assert_eq!(summary["empty_classes"], serde_json::json!(["zz_empty"]), "still listed");
+    let plan = fx.out("e.plan");
+    let (stderr, _) = run(&[&"plan", &fx.tree(), &"-o", &plan]);
+    assert_eq!(stderr.matches(warning).count(), 1, "{stderr}");
+    let (stderr, _) = run(&[&plan, &"--to", &"lmdb", &"-o", &fx.out("p.lmdb")]);
+    assert!(!stderr.contains(warning), "{stderr}");
+    for k in 0..2 {
+        let (stderr, _) =
+            run(&[&plan, &"--part", &format!("{k}/2"), &"--to", &"lmdb", &"-o", &fx.out("parts")]);
+        assert!(!stderr.contains(warning), "{stderr}");
+    }
+}

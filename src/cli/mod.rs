@@ -194,6 +194,9 @@ fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
     let threads = args.threads.unwrap_or_else(crate::pack::config::all_cores);
     let plan = crate::source::plan::make(&args.source, &extensions, seed, threads)?;
     plan.write(&args.out)?;
+    for class in &plan.header.empty_classes {
+        eprintln!("warning: {}", crate::pack::report::empty_class_warning(class));
+    }
     for warning in &plan.header.warnings {
         eprintln!("warning: {warning}");
     }

@@ -161,6 +161,15 @@ fn already_complete(config: &PackConfig, source_kind: &str, root: &str) -> Resul
     })
 }
 
+/// The warnings a run gives: the listing's, and — when this run walked the tree itself
+/// (`walked`: not a plan, a part or a conversion, which list what was walked before) — one
+/// for each class with no image, so each is said once, where the tree is read.
+fn run_warnings(listing: &crate::source::Listing, walked: bool) -> Vec<String> {
+    let empty =
+        listing.empty_classes.iter().filter(|_| walked).map(|c| crate::pack::report::empty_class_warning(c));
+    empty.chain(listing.warnings.iter().cloned()).collect()
+}
+
 /// The note for shards written in a tree's class-after-class order: a WebDataset packed from a
 /// tree (or a plan of one) without `--shuffle`. Not for a part (the plan's run says it once)
 /// nor for a conversion, which keeps the order the dataset was packed in.
@@ -232,7 +241,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         found,
         classes: listing.classes.len(),
         empty_classes: listing.empty_classes.clone(),
-        warnings: listing.warnings.clone(),
+        warnings: run_warnings(&listing, source_kind == "imagefolder" && !ordered),
         notes: class_order_note(config, source_kind, part.is_some()),
         ..Report::default()
     };

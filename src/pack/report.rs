@@ -77,13 +77,22 @@ pub struct Report {
     pub files_per_second: f64,
     /// Source megabytes (10^6 bytes) packed per second.
     pub megabytes_per_second: f64,
-    /// Warnings that did not stop the run (symlink loops, unreadable directories).
+    /// Warnings that did not stop the run (empty classes, symlink loops, unreadable
+    /// directories), as printed on stderr.
     pub warnings: Vec<String>,
     /// Advice about the output that is no problem with the input (e.g. [`CLASS_ORDER_NOTE`]).
     pub notes: Vec<String>,
     /// The output was already complete (a finished part, or `--resume` of a finished run):
     /// nothing was read or written.
     pub nothing_done: bool,
+}
+
+/// The warning for a class folder with no image. Given where the tree is walked (`pack SRC`,
+/// `pack plan`), not again by every conversion or part that lists the classes.
+pub fn empty_class_warning(class: &str) -> String {
+    format!(
+        "class {class:?} has no images; it keeps its class index (as torchvision's allow_empty=True does)"
+    )
 }
 
 /// Said when WebDataset shards are written in source order: ImageFolder order is class after
@@ -135,12 +144,9 @@ impl Report {
         }
     }
 
-    /// Every warning as a line for the user: empty classes first, then the listing's.
+    /// Every warning as a line for the user: the same list `--json` gives as `warnings`.
     pub fn warning_lines(&self) -> Vec<String> {
-        let empty = self.empty_classes.iter().map(|c| {
-            format!("class {c:?} has no images; it keeps its class index (as torchvision's allow_empty=True does)")
-        });
-        empty.chain(self.warnings.iter().cloned()).collect()
+        self.warnings.clone()
     }
 
     /// Fills in the rates from the counts and the elapsed time.
@@ -189,8 +195,8 @@ impl fmt::Display for Report {
             "  time      {:.2} s ({:.0} files/s, {:.1} MB/s)",
             self.seconds, self.files_per_second, self.megabytes_per_second
         )?;
-        if !self.empty_classes.is_empty() || !self.warnings.is_empty() {
-            writeln!(f, "  warnings  {} (listed above)", self.empty_classes.len() + self.warnings.len())?;
+        if !self.warnings.is_empty() {
+            writeln!(f, "  warnings  {} (listed above)", self.warnings.len())?;
         }
         write_skipped(f, &self.skipped, self.packed, self.found)
     }
