@@ -3,12 +3,12 @@
 //! Thin on purpose, like Hugging Face `tokenizers`' bindings: the format and every check live in
 //! `imgpack-reader`, decoding and batching in `imgpack::load`, the command line in
 //! `imgpack::cli`. This crate only converts at the boundary — Rust errors into the Python
-//! exceptions a Python user expects ([`errors`]), mapped bytes into `memoryview`s that keep
-//! their map alive ([`dataset`]), pixel buffers into NumPy arrays without a copy — and releases
+//! exceptions a Python user expects (`errors`), mapped bytes into `memoryview`s that keep
+//! their map alive (`dataset`), pixel buffers into NumPy arrays without a copy — and releases
 //! the GIL around every read and decode, so several Python threads read at once.
 //!
 //! No Rust panic crosses into Python: every call that does work runs under
-//! [`errors::no_panic`], which turns a panic into a `RuntimeError` naming it as a bug.
+//! `errors::no_panic`, which turns a panic into a `RuntimeError` naming it as a bug.
 
 mod dataset;
 mod errors;
