@@ -45,15 +45,15 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
     let all = rayon::ThreadPoolBuilder::new().num_threads(cores).build().unwrap();
-    let _ = source.list().unwrap(); // warm the dentry and inode caches
+    let _ = source.list(&imgpack::progress::Silent).unwrap(); // warm the dentry and inode caches
 
     let (mut t1, mut tn, mut tpy) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         let start = Instant::now();
-        let n1 = one.install(|| source.list().unwrap().samples.len());
+        let n1 = one.install(|| source.list(&imgpack::progress::Silent).unwrap().samples.len());
         t1.push(start.elapsed().as_secs_f64());
         let start = Instant::now();
-        let nn = all.install(|| source.list().unwrap().samples.len());
+        let nn = all.install(|| source.list(&imgpack::progress::Silent).unwrap().samples.len());
         tn.push(start.elapsed().as_secs_f64());
         let out = Command::new("python3").args(["-c", PYTHON_LISTING]).arg(&root).output().expect("python3");
         let text = String::from_utf8_lossy(&out.stdout);

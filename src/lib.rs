@@ -19,6 +19,7 @@
 //! - [`cluster`]: one plan packed on many machines: [`cluster::split`] cuts the plan into parts,
 //!   [`cluster::part`] packs one, [`cluster::merge`] joins them (one module per format).
 //! - [`verify`](mod@verify): `pack verify`, one module per format.
+//! - [`inspect`]: `pack info` and `pack ls`, what a dataset holds.
 //! - [`bench`](mod@bench): `pack bench-read`, random-read latency of trees and packed datasets.
 //! - [`cli`]: the `pack` command line itself (clap definitions, one call per subcommand, the
 //!   summary and progress bar), shared by the binary and the Python package's entry point.
@@ -32,6 +33,7 @@ pub mod cluster;
 pub mod encoding;
 mod error;
 pub mod fs;
+pub mod inspect;
 pub mod interrupt;
 pub mod load;
 pub mod pack;

@@ -65,7 +65,7 @@ fn measures_every_format_in_one_run_with_exact_byte_counts() {
         &"1,2",
         &"--samples",
         &samples,
-        &"--json",
+        &"--save",
         &json,
         &"--plot",
         &svg,
@@ -137,7 +137,7 @@ fn cold_runs_evict_and_verify_with_mincore() {
         &"1",
         &"--cache",
         &"cold",
-        &"--json",
+        &"--save",
         &json,
         &"-q",
     ])
@@ -163,7 +163,7 @@ fn compare_reads_json_from_several_runs() {
     let dir = p.tree.parent().unwrap();
     let (a, b) = (dir.join("a.json"), dir.join("b.json"));
     for (json, threads) in [(&a, "1"), (&b, "1,2")] {
-        pack(&[&"bench-read", &p.lmdb, &"--threads", &threads, &"--samples", &"20", &"--json", json, &"-q"])
+        pack(&[&"bench-read", &p.lmdb, &"--threads", &threads, &"--samples", &"20", &"--save", json, &"-q"])
             .assert()
             .success();
     }
@@ -197,7 +197,7 @@ fn file_mode_reads_aligned_blocks_directly() {
         &"1",
         &"--samples",
         &"16",
-        &"--json",
+        &"--save",
         &json,
         &"-q",
     ])

@@ -6,6 +6,7 @@ mod util;
 mod architecture;
 mod bad_input;
 mod bench_read;
+mod cli;
 mod completions;
 mod convert;
 mod determinism;

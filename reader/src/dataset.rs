@@ -123,13 +123,24 @@ impl Dataset {
 
     /// Calls `visit` with every sample in order, without copying any bytes: a cheap way to
     /// look at every sample's small fields.
-    pub fn scan(&self, mut visit: impl FnMut(&Sample<'_>) -> Result<()>) -> Result<()> {
+    pub fn scan(&self, visit: impl FnMut(&Sample<'_>) -> Result<()>) -> Result<()> {
+        self.scan_range(0..self.len(), visit)
+    }
+
+    /// Like [`Dataset::scan`], for the samples in `range` only (clamped to the dataset), so a
+    /// caller can stop early or work in chunks.
+    pub fn scan_range(
+        &self,
+        range: std::ops::Range<u64>,
+        mut visit: impl FnMut(&Sample<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let range = range.start.min(self.len())..range.end.min(self.len());
         match self {
             Dataset::Lmdb(d) => {
                 let snapshot = d.snapshot()?;
-                (0..d.len()).try_for_each(|i| visit(&snapshot.get(i)?))
+                range.into_iter().try_for_each(|i| visit(&snapshot.get(i)?))
             }
-            Dataset::WebDataset(d) => (0..d.len()).try_for_each(|i| visit(&d.get(i)?)),
+            Dataset::WebDataset(d) => range.into_iter().try_for_each(|i| visit(&d.get(i)?)),
         }
     }
 }

@@ -114,7 +114,7 @@ impl Input {
                 Ok(vec![input(Access::Pread, What::WebDataset { samples: ds.len(), shards })])
             }
             None => {
-                let listing = ImageFolder::new(path, &DEFAULT_EXTENSIONS).list()?;
+                let listing = ImageFolder::new(path, &DEFAULT_EXTENSIONS).list(&crate::progress::Silent)?;
                 if listing.samples.is_empty() {
                     return Err(Error::BadSource {
                         path: path.to_path_buf(),

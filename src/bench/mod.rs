@@ -267,6 +267,7 @@ pub fn measure(
     })?;
     bar.position(samples);
     Ok(Measurement {
+        record: record::MEASUREMENT.to_string(),
         path: input.path.display().to_string(),
         format: input.access.format().into(),
         access: input.access.name().into(),

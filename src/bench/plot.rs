@@ -36,7 +36,7 @@ pub fn plot(path: &Path, measurements: &[Measurement]) -> Result<()> {
     if measurements.is_empty() {
         return Err(Error::Usage(
             "nothing to plot: there are no measurements; measure at least one path, or pass files \
-             that `pack bench-read --json FILE` wrote"
+             that `pack bench-read --save FILE` wrote"
                 .into(),
         ));
     }

@@ -12,9 +12,13 @@ use super::stats::{knee, Latency};
 use crate::{Error, Result};
 
 /// The result of one measurement: one path, read one way, at one concurrency level. `--json`
-/// writes one per line.
+/// prints one per line, `--save` writes them to a file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Measurement {
+    /// Always `measurement`: the record's type among `pack`'s JSON lines. Files saved before
+    /// it was written read as well.
+    #[serde(rename = "type", default = "measurement_type")]
+    pub record: String,
     /// The path measured, as given.
     pub path: String,
     /// `files` (an ImageFolder tree), `lmdb`, `webdataset` or `file` (`--file`).
@@ -61,6 +65,13 @@ pub struct Measurement {
     pub tool: String,
 }
 
+fn measurement_type() -> String {
+    MEASUREMENT.to_string()
+}
+
+/// The `"type"` of a measurement's JSON line.
+pub const MEASUREMENT: &str = "measurement";
+
 impl Measurement {
     /// A short name for the thing measured: `files`, `lmdb (map faults)`, `webdataset (pread)`.
     pub fn kind(&self) -> String {
@@ -68,13 +79,19 @@ impl Measurement {
     }
 }
 
-/// Writes measurements as JSON lines to `path` (`-` for stdout).
-pub fn write_jsonl(path: &Path, measurements: &[Measurement]) -> Result<()> {
+/// Measurements as JSON lines.
+pub fn jsonl(measurements: &[Measurement]) -> String {
     let mut text = String::new();
     for m in measurements {
         text.push_str(&serde_json::to_string(m).expect("measurement serialises"));
         text.push('\n');
     }
+    text
+}
+
+/// Writes measurements as JSON lines to `path` (`-` for stdout).
+pub fn write_jsonl(path: &Path, measurements: &[Measurement]) -> Result<()> {
+    let text = jsonl(measurements);
     if path == Path::new("-") {
         print!("{text}");
         return Ok(());
@@ -82,7 +99,7 @@ pub fn write_jsonl(path: &Path, measurements: &[Measurement]) -> Result<()> {
     std::fs::write(path, text).map_err(Error::io(path))
 }
 
-/// Reads measurements written by `--json`.
+/// Reads measurements written by `--save` (or printed by `--json`).
 pub fn read_jsonl(path: &Path) -> Result<Vec<Measurement>> {
     let text = std::fs::read_to_string(path).map_err(Error::io(path))?;
     text.lines()
@@ -92,7 +109,7 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Measurement>> {
             serde_json::from_str(line).map_err(|e| Error::BadSource {
                 path: path.to_path_buf(),
                 reason: format!(
-                    "line {}: not a bench-read measurement ({e}); pass files written by `pack bench-read --json FILE`",
+                    "line {}: not a bench-read measurement ({e}); pass files written by `pack bench-read --save FILE`",
                     n + 1
                 ),
             })
@@ -269,6 +286,7 @@ pub(crate) mod tests {
 
     pub(crate) fn sample(path: &str, access: &str, threads: usize, rate: f64) -> Measurement {
         Measurement {
+            record: MEASUREMENT.to_string(),
             path: path.into(),
             format: "lmdb".into(),
             access: access.into(),

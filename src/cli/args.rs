@@ -16,16 +16,24 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// `pack imagefolder SRC --to lmdb|webdataset -o OUT` packs an ImageFolder tree. `pack SRC --to
 /// lmdb|webdataset|imagefolder -o OUT` looks at SRC first: a dataset written by pack is
 /// converted into the other format (or unpacked into a tree), anything else is packed as an
-/// ImageFolder tree. `pack imagefolder --help` lists every option. `pack bench-read PATH...`
-/// measures random reads of trees and packed datasets on this machine's storage. `pack verify
-/// OUT` checks a packed dataset end to end. On a cluster: `pack plan SRC -o PLAN` once, `pack
+/// ImageFolder tree; flags may come before or after SRC. `pack imagefolder --help` lists every
+/// option. `pack info OUT` says what a dataset holds, `pack ls OUT` lists its samples. `pack
+/// bench-read PATH...` measures random reads of trees and packed datasets on this machine's
+/// storage. `pack verify OUT` checks a packed dataset end to end. On a cluster: `pack plan SRC -o PLAN` once, `pack
 /// PLAN --part K/N ... -o OUT` on each machine, then `pack merge OUT`.
 ///
 /// Exit codes: 0 everything packed; 1 error, nothing published; 2 bad usage;
 /// 3 finished, but some files were skipped (listed in the summary); 130 interrupted (Ctrl-C),
 /// progress kept for --resume.
 #[derive(Debug, Parser)]
-#[command(name = "pack", version, about, long_about, max_term_width = 100)]
+#[command(
+    name = "pack",
+    version,
+    about,
+    long_about,
+    max_term_width = 100,
+    override_usage = "pack <SRC> --to <FORMAT> -o <OUT> [OPTIONS]\n       pack <COMMAND> [ARGS]"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -47,7 +55,7 @@ pub enum Command {
     /// SRC is an LMDB or WebDataset output of pack (converted to --to), or else an ImageFolder tree.
     ///
     /// Example: pack train.lmdb --to webdataset -o shards/
-    #[command(hide = true)]
+    #[command(hide = true, override_usage = "pack <SRC> --to <FORMAT> -o <OUT> [OPTIONS]")]
     Convert(PackArgs),
 
     /// Measure random-read latency and throughput of raw files, LMDB and shards on this storage.
@@ -59,7 +67,7 @@ pub enum Command {
     ///
     /// Examples:
     ///   pack bench-read ./train train.lmdb shards/ --cache cold
-    ///   pack bench-read train.lmdb --json nvme.json; pack bench-read --compare hdd.json nvme.json
+    ///   pack bench-read train.lmdb --save nvme.json; pack bench-read --compare hdd.json nvme.json
     ///   pack bench-read --file big.bin --block-size 4KiB --direct --threads 1   (compare with fio)
     #[command(name = "bench-read", verbatim_doc_comment)]
     BenchRead(BenchReadArgs),
@@ -102,6 +110,26 @@ pub enum Command {
     #[command(verbatim_doc_comment)]
     Merge(MergeArgs),
 
+    /// Say what a dataset written by pack holds: format, samples, classes, shards, options.
+    ///
+    /// Reads the metadata and every sample's label (not the images): format and version,
+    /// samples and bytes, classes with the samples in each (the largest and smallest), shards
+    /// and their sizes, the mode and transcoding options, the sample order, the source root
+    /// and the pack version that wrote it, checksums, and the parts it was merged from.
+    ///
+    /// Example: pack info train.lmdb; pack info shards/ --json | jq .class_counts
+    #[command(verbatim_doc_comment)]
+    Info(InfoArgs),
+
+    /// List the samples of a dataset written by pack, one line each.
+    ///
+    /// Each line: the key, the class index and name, the source path, and the stored fields
+    /// with their sizes. --json prints one object per sample.
+    ///
+    /// Example: pack ls train.lmdb --limit 10
+    #[command(name = "ls", verbatim_doc_comment)]
+    Ls(LsArgs),
+
     /// Print a completion script for a shell (bash, zsh, fish, elvish, powershell).
     ///
     /// Examples:
@@ -115,6 +143,32 @@ pub enum Command {
     ///
     /// Example: pack man > ~/.local/share/man/man1/pack.1 && man pack
     Man,
+}
+
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// The dataset directory (an LMDB or WebDataset output of pack).
+    pub path: PathBuf,
+
+    /// How many of the largest and of the smallest classes to show [default: 5].
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub top: usize,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// The dataset directory (an LMDB or WebDataset output of pack).
+    pub path: PathBuf,
+
+    /// List at most N samples (from the first).
+    #[arg(long, short = 'n', value_name = "N")]
+    pub limit: Option<u64>,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -247,9 +301,20 @@ impl VerifyArgs {
     }
 }
 
-/// The subcommand names; anything else in first position is a source path (`pack SRC ...`).
-pub const SUBCOMMANDS: [&str; 9] =
-    ["imagefolder", "convert", "bench-read", "plan", "verify", "merge", "completions", "man", "help"];
+/// The subcommand names, `help` included; anything else in first position is a source path
+/// (`pack SRC ...`) or an unknown command.
+pub fn subcommand_names() -> Vec<String> {
+    use clap::CommandFactory;
+    let mut names: Vec<String> = Cli::command().get_subcommands().map(|s| s.get_name().to_string()).collect();
+    names.push("help".into());
+    names
+}
+
+/// The subcommands a user is told about (not the hidden `convert`, nor `help`).
+pub fn visible_subcommand_names() -> Vec<String> {
+    use clap::CommandFactory;
+    Cli::command().get_subcommands().filter(|s| !s.is_hide_set()).map(|s| s.get_name().to_string()).collect()
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PatternArg {
@@ -310,11 +375,12 @@ pub struct BenchReadArgs {
     #[arg(long, value_name = "SIZE", default_value = "4KiB", requires = "file")]
     pub block_size: ByteSize,
 
-    /// Also write every measurement as one JSON object per line to FILE (- for stdout).
+    /// Also save every measurement as one JSON object per line to FILE (- for stdout), for
+    /// --compare later.
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub save: Option<PathBuf>,
 
-    /// Print results of earlier --json runs side by side instead of measuring.
+    /// Print results of earlier --save runs side by side instead of measuring.
     #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = ["paths", "file"])]
     pub compare: Vec<PathBuf>,
 
@@ -322,9 +388,8 @@ pub struct BenchReadArgs {
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
 
-    /// No progress bar.
-    #[arg(short, long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 impl BenchReadArgs {
@@ -656,17 +721,41 @@ fn parse_compress(text: &str) -> crate::Result<i32> {
     })
 }
 
-/// How results are reported.
+/// How results are reported: the same two flags, with the same meaning, in every subcommand
+/// that reports.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Output")]
 pub struct OutputArgs {
     /// No progress bar and no human-readable summary (errors and warnings still go to stderr).
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Print the summary as one JSON object on stdout (its `"type"` names the command:
-    /// `summary` for packing, `plan`, `merge`, `verify`).
+    /// Print results as JSON on stdout, one object per line with a `"type"`: `summary` for
+    /// packing, `plan`, `merge`, `verify`, `info`, `sample` (ls), `measurement` (bench-read);
+    /// a run that fails prints one `error` object (message, exit_code).
     #[arg(long)]
     pub json: bool,
+}
+
+impl Cli {
+    /// Whether the command asked for JSON output.
+    pub fn json(&self) -> bool {
+        self.output().is_some_and(|o| o.json)
+    }
+
+    /// The command's output flags (none for completions and man, which print a script).
+    pub fn output(&self) -> Option<&OutputArgs> {
+        match &self.command {
+            Command::Imagefolder(a) | Command::Convert(a) => Some(&a.output),
+            Command::BenchRead(a) => Some(&a.output),
+            Command::Plan(a) => Some(&a.output),
+            Command::Verify(a) => Some(&a.output),
+            Command::Merge(a) => Some(&a.output),
+            Command::Info(a) => Some(&a.output),
+            Command::Ls(a) => Some(&a.output),
+            Command::Completions(_) | Command::Man => None,
+        }
+    }
 }
 
 impl PackArgs {

@@ -44,7 +44,24 @@ pub fn main(args: Vec<std::ffi::OsString>) -> u8 {
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
-    let cli = Cli::parse_from(with_implicit_subcommand(args));
+    let json = args.iter().skip(1).any(|a| a == "--json");
+    let args = match with_implicit_subcommand(args) {
+        Ok(args) => args,
+        Err(message) => return fail(json, &format!("error: {message}"), EXIT_USAGE),
+    };
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(err) if !err.use_stderr() => {
+            // --help and --version: printed on stdout, exit 0.
+            let _ = err.print();
+            return 0;
+        }
+        Err(err) => {
+            let text = err.render().to_string();
+            return fail(json, text.trim_end(), EXIT_USAGE);
+        }
+    };
+    let json = cli.json();
     match run(cli) {
         Ok(code) => code,
         Err(err) => {
@@ -57,14 +74,36 @@ pub fn main(args: Vec<std::ffi::OsString>) -> u8 {
                 }
                 source = cause.source();
             }
-            eprintln!("{message}");
-            match err {
+            let code = match err {
                 crate::Error::Usage(_) => EXIT_USAGE,
                 crate::Error::Interrupted { .. } => EXIT_INTERRUPTED,
                 _ => EXIT_ERROR,
-            }
+            };
+            fail(json, &message, code)
         }
     }
+}
+
+/// What `--json` prints on stdout for a run that failed.
+#[derive(serde::Serialize)]
+struct ErrorRecord<'a> {
+    #[serde(rename = "type")]
+    record: &'static str,
+    message: &'a str,
+    exit_code: u8,
+}
+
+/// Reports a failed run: the message on stderr and, under `--json`, one `error` object on
+/// stdout too, so a script reading stdout learns why there is no summary. Returns `code`.
+fn fail(json: bool, message: &str, code: u8) -> u8 {
+    eprintln!("{message}");
+    if json {
+        let text = message.strip_prefix("error: ").unwrap_or(message);
+        let record = ErrorRecord { record: "error", message: text, exit_code: code };
+        let json = serde_json::to_string(&record).expect("error record serialises");
+        let _ = writeln!(std::io::stdout().lock(), "{json}");
+    }
+    code
 }
 
 /// Tells glibc's allocator to keep memory it frees instead of handing it back to the kernel.
@@ -83,17 +122,48 @@ fn keep_freed_memory() {
     }
 }
 
-/// `pack SRC --to ...` is `pack convert SRC --to ...`: a first argument that is neither a
-/// subcommand nor a flag is a source path.
-fn with_implicit_subcommand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let is_source = args.get(1).is_some_and(|first| {
-        let text = first.to_string_lossy();
-        !text.starts_with('-') && !args::SUBCOMMANDS.contains(&text.as_ref())
-    });
-    if is_source {
-        args.insert(1, "convert".into());
+/// `pack SRC --to ...` is `pack convert SRC --to ...`: a first argument that is not a
+/// subcommand is a source path, and so is a first argument that is a flag other than help or
+/// version (`pack --to lmdb -o OUT SRC`: flags before SRC work as after it). A first word that
+/// names no subcommand and no existing path, and does not look like a path, is an unknown
+/// command: the error names it, a close match, and the commands.
+fn with_implicit_subcommand(mut args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
+    let Some(first) = args.get(1) else { return Ok(args) };
+    let text = first.to_string_lossy().into_owned();
+    let names = args::subcommand_names();
+    if names.contains(&text) {
+        return Ok(args);
     }
-    args
+    if text.starts_with('-') {
+        if !matches!(text.as_str(), "-h" | "--help" | "-V" | "--version") {
+            args.insert(1, "convert".into());
+        }
+        return Ok(args);
+    }
+    let looks_like_path = text.contains(std::path::MAIN_SEPARATOR) || text.contains('.');
+    if !looks_like_path && std::fs::symlink_metadata(first).is_err() {
+        return Err(unknown_command(&text));
+    }
+    args.insert(1, "convert".into());
+    Ok(args)
+}
+
+/// "unknown command 'X'", with the closest command name if one is close, and the list.
+fn unknown_command(word: &str) -> String {
+    let visible = args::visible_subcommand_names();
+    let close = visible
+        .iter()
+        .map(|name| (strsim::damerau_levenshtein(word, name), name))
+        .filter(|(distance, name)| *distance <= 2.min(name.len() / 2).max(1))
+        .min();
+    let hint = match close {
+        Some((_, name)) => format!("; did you mean '{name}'?"),
+        None => String::new(),
+    };
+    format!(
+        "unknown command '{word}'{hint}\n  commands: {}\n  to pack a tree or convert a dataset: pack SRC --to FORMAT -o OUT (no path '{word}' exists here)",
+        visible.join(", ")
+    )
 }
 
 fn run(cli: Cli) -> crate::Result<u8> {
@@ -104,6 +174,8 @@ fn run(cli: Cli) -> crate::Result<u8> {
         Command::Verify(args) => return verify(args),
         Command::Plan(args) => return plan(args),
         Command::Merge(args) => return merge(args),
+        Command::Info(args) => return info(args),
+        Command::Ls(args) => return ls(args),
         Command::Completions(args) => return completions(args.shell),
         Command::Man => return man(),
     };
@@ -111,7 +183,7 @@ fn run(cli: Cli) -> crate::Result<u8> {
     // Only packing stops at a checkpoint on Ctrl-C; the other commands just end.
     crate::interrupt::install();
     let bar = progress_bar(args.output.quiet, PACK_BAR);
-    let report = crate::pack::pipeline::pack(&config, &Bar(bar.clone()))?;
+    let report = crate::pack::pipeline::pack(&config, &bar)?;
     for line in report.warning_lines() {
         eprintln!("warning: {line}");
     }
@@ -134,18 +206,29 @@ fn run(cli: Cli) -> crate::Result<u8> {
 }
 
 /// `pack bench-read`: measure every input (or read earlier results with `--compare`), print a
-/// table per input as it finishes, then write `--json` and `--plot`.
+/// table per input as it finishes (or, with `--json`, its measurements as JSON lines), then
+/// write `--save` and `--plot`.
 fn bench_read(args: &args::BenchReadArgs) -> crate::Result<u8> {
     use crate::bench::{self, input::Input, record};
     let mut stdout = std::io::stdout().lock();
-    let json_to_stdout = args.json.as_deref() == Some(std::path::Path::new("-"));
+    let output = &args.output;
+    let human = !output.json && !output.quiet;
+    // `--save -` puts the JSON lines on stdout: no table goes in between.
+    let saved_to_stdout = args.save.as_deref() == Some(std::path::Path::new("-"));
+    let tables = human && !saved_to_stdout;
     let measurements = if !args.compare.is_empty() {
         let mut runs = Vec::new();
         for path in &args.compare {
             runs.push((path.display().to_string(), record::read_jsonl(path)?));
         }
-        let _ = write!(stdout, "{}", record::compare_table(&runs));
-        runs.into_iter().flat_map(|(_, ms)| ms).collect()
+        if tables {
+            let _ = write!(stdout, "{}", record::compare_table(&runs));
+        }
+        let all: Vec<_> = runs.into_iter().flat_map(|(_, ms)| ms).collect();
+        if output.json {
+            let _ = write!(stdout, "{}", record::jsonl(&all));
+        }
+        all
     } else {
         let plan = args.to_plan()?;
         let mut inputs = Vec::new();
@@ -153,9 +236,18 @@ fn bench_read(args: &args::BenchReadArgs) -> crate::Result<u8> {
             inputs.push(Input::blocks(file, args.block_size.0)?);
         }
         for path in &args.paths {
+            // `--json FILE` took a file name before it became a switch: that name now arrives
+            // here as a PATH to measure.
+            if path.extension().is_some_and(|e| e == "json" || e == "jsonl") && !path.is_dir() {
+                return Err(crate::Error::Usage(format!(
+                    "{}: not a dataset to measure; --json is a switch (JSON lines on stdout): to save the measurements to a file pass --save {}",
+                    path.display(),
+                    path.display()
+                )));
+            }
             inputs.extend(Input::detect(path)?);
         }
-        if !json_to_stdout {
+        if tables {
             let _ = writeln!(
                 stdout,
                 "bench-read on {}: each read timed alone (clock pair ~{:.0} ns), bytes checksummed\n",
@@ -163,17 +255,21 @@ fn bench_read(args: &args::BenchReadArgs) -> crate::Result<u8> {
                 bench::timer_overhead_ns()
             );
         }
-        let bar = progress_bar(args.quiet, BENCH_BAR);
+        let bar = progress_bar(output.quiet, BENCH_BAR);
         let mut all = Vec::new();
         for input in &inputs {
-            let sweep = bench::sweep(input, &plan, &Bar(bar.clone()))?;
-            if !json_to_stdout {
+            let sweep = bench::sweep(input, &plan, &bar)?;
+            if tables {
                 let _ = writeln!(stdout, "{}", record::sweep_table(&sweep));
+            }
+            if output.json {
+                let _ = write!(stdout, "{}", record::jsonl(&sweep));
             }
             all.extend(sweep);
         }
-        bar.finish_and_clear();
-        if let Some(path) = &args.json {
+        bar.finish();
+        drop(stdout);
+        if let Some(path) = &args.save {
             record::write_jsonl(path, &all)?;
         }
         all
@@ -181,6 +277,40 @@ fn bench_read(args: &args::BenchReadArgs) -> crate::Result<u8> {
     if let Some(path) = &args.plot {
         bench::plot::plot(path, &measurements)?;
     }
+    Ok(0)
+}
+
+/// `pack info PATH`: what the dataset holds.
+fn info(args: &args::InfoArgs) -> crate::Result<u8> {
+    let bar = progress_bar(args.output.quiet, COUNT_BAR);
+    let info = crate::inspect::info::info(&args.path, &bar)?;
+    let mut stdout = std::io::stdout().lock();
+    if args.output.json {
+        let json = serde_json::to_string(&info).expect("info serialises");
+        let _ = writeln!(stdout, "{json}");
+    } else if !args.output.quiet {
+        let _ = write!(stdout, "{}", info.display(args.top));
+    }
+    Ok(0)
+}
+
+/// `pack ls PATH`: one line (or JSON object) per sample, streamed.
+fn ls(args: &args::LsArgs) -> crate::Result<u8> {
+    let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+    let json = args.output.json;
+    let quiet = args.output.quiet;
+    crate::inspect::list::list(&args.path, args.limit, |entry| {
+        let line =
+            if json { serde_json::to_string(entry).expect("entry serialises") } else { entry.to_string() };
+        if !quiet || json {
+            // A closed pipe (`pack ls X | head`) ends the listing quietly.
+            if writeln!(stdout, "{line}").is_err() {
+                return std::ops::ControlFlow::Break(());
+            }
+        }
+        std::ops::ControlFlow::Continue(())
+    })?;
+    let _ = stdout.flush();
     Ok(0)
 }
 
@@ -192,7 +322,8 @@ fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
     let extensions = args.listing.extensions()?;
     let seed = args.listing.seed();
     let threads = args.threads.unwrap_or_else(crate::pack::config::all_cores);
-    let plan = crate::source::plan::make(&args.source, &extensions, seed, threads)?;
+    let bar = progress_bar(args.output.quiet, PACK_BAR);
+    let plan = crate::source::plan::make(&args.source, &extensions, seed, threads, &bar)?;
     plan.write(&args.out)?;
     for class in &plan.header.empty_classes {
         eprintln!("warning: {}", crate::pack::report::empty_class_warning(class));
@@ -230,7 +361,7 @@ fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
 fn verify(args: &args::VerifyArgs) -> crate::Result<u8> {
     let options = args.to_options()?;
     let bar = progress_bar(args.output.quiet, BYTES_BAR);
-    let verified = crate::verify::verify(&args.path, &options, &Bar(bar))?;
+    let verified = crate::verify::verify(&args.path, &options, &bar)?;
     let mut stdout = std::io::stdout().lock();
     if args.output.json {
         let json = serde_json::to_string(&verified).expect("report serialises");
@@ -245,7 +376,7 @@ fn verify(args: &args::VerifyArgs) -> crate::Result<u8> {
 fn merge(args: &args::MergeArgs) -> crate::Result<u8> {
     let options = args.to_options()?;
     let bar = progress_bar(args.output.quiet, BYTES_BAR);
-    let merged = crate::cluster::merge::merge(&args.path, &options, &Bar(bar))?;
+    let merged = crate::cluster::merge::merge(&args.path, &options, &bar)?;
     print_summary(&args.output, &merged);
     Ok(merged.exit_code() as u8)
 }
@@ -310,43 +441,60 @@ fn print_summary(output: &args::OutputArgs, summary: &(impl serde::Serialize + s
 /// `pack verify`'s and `pack merge`'s progress bar: bytes read (copied) of the total.
 const BYTES_BAR: &str = "{spinner} {elapsed_precise} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}";
 
-/// Packing's progress bar: files done of files found.
+/// Packing's progress bar: files done of files found, then what the pipeline says (its rate in
+/// files/s and MB/s, or what it is doing).
 const PACK_BAR: &str =
-    "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} files {per_sec} {msg} ETA {eta}";
+    "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} files {msg} ETA {eta}";
+/// `pack info`'s progress bar: samples looked at.
+const COUNT_BAR: &str = "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} samples ETA {eta}";
 /// bench-read's progress bar: reads of the current measurement.
 const BENCH_BAR: &str = "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{human_len} reads {msg}";
 
-/// A progress bar on stderr, hidden when stderr is not a terminal or with `--quiet`.
-fn progress_bar(quiet: bool, template: &str) -> ProgressBar {
+/// A progress bar on stderr, hidden when stderr is not a terminal or with `--quiet`. It starts
+/// as a spinner with a running count (work of unknown length, such as listing a tree) and
+/// becomes a bar drawn with `template` once the call gives a length.
+fn progress_bar(quiet: bool, template: &'static str) -> Bar {
     if quiet || !std::io::stderr().is_terminal() {
-        return ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+        return Bar { bar: ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden()), template };
     }
     let bar = ProgressBar::new(0);
-    let style = ProgressStyle::with_template(template).expect("valid template").progress_chars("=> ");
-    bar.set_style(style);
+    bar.set_style(style(SPINNER));
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    bar
+    Bar { bar, template }
+}
+
+/// Work of unknown length: what is being done and how many so far.
+const SPINNER: &str = "{spinner} {elapsed_precise} {msg} {human_pos} so far";
+
+fn style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template).expect("valid template").progress_chars("=> ")
 }
 
 /// The library's [`Progress`] drawn as an indicatif bar.
-struct Bar(ProgressBar);
+struct Bar {
+    bar: ProgressBar,
+    /// The template once the length is known.
+    template: &'static str,
+}
 
 impl Progress for Bar {
     fn message(&self, text: &str) {
-        self.0.set_message(text.to_string());
+        self.bar.set_message(text.to_string());
     }
     fn length(&self, total: u64) {
-        // A new stretch of work: its rate and ETA start from now.
-        self.0.reset();
-        self.0.set_length(total);
+        // A new stretch of work: its rate and ETA start from now, and a bar only makes sense
+        // with a length (a bar of 0 would be drawn full).
+        self.bar.reset();
+        self.bar.set_length(total);
+        self.bar.set_style(style(if total == 0 { SPINNER } else { self.template }));
     }
     fn position(&self, done: u64) {
-        self.0.set_position(done);
+        self.bar.set_position(done);
     }
     fn advance(&self, delta: u64) {
-        self.0.inc(delta);
+        self.bar.inc(delta);
     }
     fn finish(&self) {
-        self.0.finish_and_clear();
+        self.bar.finish_and_clear();
     }
 }

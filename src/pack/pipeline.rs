@@ -208,7 +208,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         }
     }
     bar.message("listing samples");
-    let mut listing = source.list()?;
+    let mut listing = source.list(bar)?;
     // A part may be empty (more parts than samples); it still says so to `pack merge`.
     if listing.samples.is_empty() && part.is_none() {
         let reason = if source_kind == "imagefolder" {
@@ -304,6 +304,9 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         });
         let mut next = start;
         let mut batch = Vec::new();
+        // This run's rate: samples kept from an interrupted run took no time now.
+        let packing_started = Instant::now();
+        let (mut done_here, mut bytes_here) = (0u64, 0u64);
         for loaded in rx {
             batch.clear();
             for result in loaded {
@@ -311,8 +314,10 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
                 let sample = &samples[next];
                 next += 1;
                 bar.advance(1);
+                done_here += 1;
                 match result {
                     Ok((image, crc)) => {
+                        bytes_here += image.source_bytes;
                         let key = format_key(first_key + ledger.packed(), width);
                         ledger.record(Outcome::Packed {
                             position,
@@ -334,8 +339,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
             if crate::interrupt::requested() {
                 break;
             }
-            let rate = ledger.packed() as f64 / started.elapsed().as_secs_f64().max(1e-3);
-            bar.message(&format!("{rate:.0} files/s"));
+            bar.message(&rate_text(done_here, bytes_here, packing_started.elapsed()));
         }
         // A loader that panicked closed the channel as if it were done: say so instead of
         // publishing a short output. (The panic hook has printed where it happened.)
@@ -384,6 +388,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     report.packed = total.packed;
     report.bytes_in = total.bytes_in;
     report.formats = total.formats.clone();
+    report.stored = total.stored.clone();
     report.kept_unchanged = total.kept_unchanged;
     report.skipped = resume::skipped(&total, &listing.samples);
     report.output = finished.path;
@@ -391,6 +396,12 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     report.warnings.extend(finished.warnings);
     report.set_elapsed(started.elapsed().as_secs_f64());
     Ok(report)
+}
+
+/// The progress bar's one rate: files and source megabytes per second of this run.
+fn rate_text(files: u64, bytes: u64, elapsed: std::time::Duration) -> String {
+    let secs = elapsed.as_secs_f64().max(1e-3);
+    format!("{:.0} files/s, {:.1} MB/s", files as f64 / secs, bytes as f64 / 1e6 / secs)
 }
 
 /// Opens an LMDB or WebDataset sink: with `--resume` and a checkpoint left by an interrupted
@@ -499,7 +510,7 @@ fn load(
         safe_relative(&sample.rel_path)?;
     }
     let bytes = source.load(sample).map_err(|e| {
-        let dangling = sample.path.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink())
+        let dangling = source.file(sample).symlink_metadata().is_ok_and(|m| m.file_type().is_symlink())
             && e.kind() == std::io::ErrorKind::NotFound;
         if dangling {
             "cannot read: dangling symlink (its target does not exist)".to_string()

@@ -29,6 +29,8 @@ impl Skipped {
     pub fn new(path: PathBuf, reason: String) -> Skipped {
         use std::os::unix::ffi::OsStrExt;
         let path_hex = imgpack_reader::SampleInfo::new(path.as_os_str().as_bytes(), "").path_hex;
+        // Decoders' messages can end in a newline; a reason is one line.
+        let reason = reason.trim().replace('\n', " ");
         Skipped { path, reason, path_hex }
     }
 }
@@ -63,8 +65,10 @@ pub struct Report {
     pub classes: usize,
     /// Classes with no sample (they keep their index).
     pub empty_classes: Vec<String>,
-    /// Packed samples by source image format.
+    /// Packed samples by source image format: what went in.
     pub formats: BTreeMap<String, u64>,
+    /// Packed samples by stored field (`jpg`, `png`, `npy`, `npy.zst`, ...): what was stored.
+    pub stored: BTreeMap<String, u64>,
     /// Images that `--keep-if-fits` stored unchanged instead of re-encoding.
     pub kept_unchanged: u64,
     /// Image bytes read from the source for packed samples.
@@ -171,12 +175,23 @@ impl Report {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "packed {} of {} files into {}", self.packed, self.found, self.output.display())?;
-        let formats: Vec<String> = self.formats.iter().map(|(k, v)| format!("{k} {v}")).collect();
         if self.resumed > 0 {
             writeln!(f, "  resumed   {} samples kept from the interrupted run", self.resumed)?;
         }
         writeln!(f, "  classes   {}", self.classes)?;
-        writeln!(f, "  formats   {}", if formats.is_empty() { "-".into() } else { formats.join(", ") })?;
+        let list = |counts: &BTreeMap<String, u64>| -> String {
+            let items: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            if items.is_empty() {
+                "-".into()
+            } else {
+                items.join(", ")
+            }
+        };
+        if self.stored.is_empty() || self.stored == self.formats {
+            writeln!(f, "  formats   {}", list(&self.formats))?;
+        } else {
+            writeln!(f, "  formats   {} in; stored as {}", list(&self.formats), list(&self.stored))?;
+        }
         if self.kept_unchanged > 0 {
             writeln!(
                 f,
@@ -202,21 +217,47 @@ impl fmt::Display for Report {
     }
 }
 
-/// The skipped files of a summary, each with its reason, under the sum that must hold.
+/// How many skipped files a human summary names; `--json` lists all.
+pub const SKIPPED_SHOWN: usize = 20;
+
+/// The skipped files of a summary under the sum that must hold: how many for each kind of
+/// reason, most frequent first, then the first [`SKIPPED_SHOWN`] files with their reasons.
 pub(crate) fn write_skipped(
     f: &mut fmt::Formatter<'_>,
     skipped: &[Skipped],
     packed: u64,
     found: u64,
 ) -> fmt::Result {
-    if !skipped.is_empty() {
-        let n = skipped.len();
-        writeln!(f, "  skipped   {n} (packed + skipped = found: {packed} + {n} = {found})")?;
-        for s in skipped {
-            writeln!(f, "    {}: {}", s.path.display(), s.reason)?;
-        }
+    if skipped.is_empty() {
+        return Ok(());
+    }
+    let n = skipped.len();
+    writeln!(f, "  skipped   {n} (packed + skipped = found: {packed} + {n} = {found})")?;
+    let mut groups: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in skipped {
+        *groups.entry(reason_kind(&s.reason)).or_default() += 1;
+    }
+    let mut groups: Vec<(&str, usize)> = groups.into_iter().collect();
+    groups.sort_by_key(|&(kind, count)| (std::cmp::Reverse(count), kind));
+    let width = groups.iter().map(|(_, c)| c.to_string().len()).max().unwrap_or(1);
+    for (kind, count) in &groups {
+        writeln!(f, "    {count:>width$}  {kind}")?;
+    }
+    for s in skipped.iter().take(SKIPPED_SHOWN) {
+        writeln!(f, "    {}: {}", s.path.display(), s.reason)?;
+    }
+    if n > SKIPPED_SHOWN {
+        writeln!(f, "    ... and {} more; --json lists all", n - SKIPPED_SHOWN)?;
     }
     Ok(())
+}
+
+/// The kind of a skip reason, for counting: the reason up to its details (`truncated jpg`
+/// of `truncated jpg: the file ends before ... (4841 bytes)`, `empty file` of `empty file (0
+/// bytes)`).
+fn reason_kind(reason: &str) -> &str {
+    let end = [reason.find(": "), reason.find(" (")].into_iter().flatten().min().unwrap_or(reason.len());
+    reason[..end].trim()
 }
 
 #[cfg(test)]
@@ -233,5 +274,37 @@ mod tests {
         let text = r.to_string();
         assert!(text.contains("a.jpg: empty file (0 bytes)"), "{text}");
         assert!(text.contains("1 + 1 = 2"), "{text}");
+    }
+
+    #[test]
+    fn skipped_files_are_counted_by_kind_and_listed_up_to_a_limit() {
+        let mut r = Report { found: 30, packed: 5, ..Report::default() };
+        for i in 0..22 {
+            r.skipped.push(Skipped::new(
+                format!("t{i}.jpg").into(),
+                format!("truncated jpg: ends early ({i} bytes)\n"),
+            ));
+        }
+        for i in 0..3 {
+            r.skipped.push(Skipped::new(format!("e{i}.jpg").into(), "empty file (0 bytes)".into()));
+        }
+        let text = r.to_string();
+        assert!(text.contains("    22  truncated jpg\n     3  empty file\n"), "{text}");
+        assert!(text.contains("t19.jpg: truncated jpg: ends early (19 bytes)\n"), "{text}");
+        assert!(!text.contains("t20.jpg"), "{text}");
+        assert!(text.contains("... and 5 more; --json lists all"), "{text}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["skipped"].as_array().unwrap().len(), 25);
+        assert_eq!(json["skipped"][0]["reason"], "truncated jpg: ends early (0 bytes)");
+    }
+
+    #[test]
+    fn formats_show_what_went_in_and_what_was_stored() {
+        let mut r = Report { found: 3, packed: 3, ..Report::default() };
+        r.formats = [("jpg".to_string(), 2), ("png".to_string(), 1)].into();
+        r.stored = r.formats.clone();
+        assert!(r.to_string().contains("  formats   jpg 2, png 1\n"), "{r}");
+        r.stored = [("npy.zst".to_string(), 3)].into();
+        assert!(r.to_string().contains("  formats   jpg 2, png 1 in; stored as npy.zst 3\n"), "{r}");
     }
 }

@@ -81,6 +81,10 @@ pub struct Progress {
     pub kept_unchanged: u64,
     /// Stored payload extensions.
     pub fields: BTreeSet<String>,
+    /// Packed samples by stored payload extension (`jpg` for every re-encoded image, `npy`
+    /// for decoded ones). Journals written before it was counted read as empty.
+    #[serde(default)]
+    pub stored: BTreeMap<String, u64>,
     /// Skipped samples: listing position and reason (the path comes from the listing).
     pub skipped: Vec<(u64, String)>,
     /// WebDataset: the finished, synced shards.
@@ -185,6 +189,7 @@ fn fold(progress: &mut Progress, outcome: Outcome) {
             progress.bytes_in += bytes_in;
             *progress.formats.entry(format).or_default() += 1;
             progress.kept_unchanged += u64::from(kept);
+            *progress.stored.entry(field.clone()).or_default() += 1;
             progress.fields.insert(field);
         }
         Outcome::Skipped { position, reason } => {

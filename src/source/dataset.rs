@@ -56,7 +56,7 @@ impl PackedDataset {
 }
 
 impl Source for PackedDataset {
-    fn list(&self) -> Result<Listing> {
+    fn list(&self, _progress: &dyn crate::progress::Progress) -> Result<Listing> {
         let listing = self.with(|dataset| -> Result<Listing> {
             let classes = dataset.classes().to_vec();
             let mut samples = Vec::with_capacity(dataset.len() as usize);
@@ -125,7 +125,7 @@ mod tests {
         let out = dir.join("out");
         let config = PackConfig::new(&tree, &out, format);
         crate::pack::pack(&config, &crate::progress::Silent).unwrap();
-        let listing = ImageFolder::new(&tree, &config.extensions).list().unwrap();
+        let listing = ImageFolder::new(&tree, &config.extensions).list(&crate::progress::Silent).unwrap();
         (out, listing)
     }
 
@@ -143,7 +143,7 @@ mod tests {
             let (out, tree) = packed(dir.path(), format.clone());
             assert!(is_packed(&out));
             let source = PackedDataset::open(&out).unwrap();
-            let listing = source.list().unwrap();
+            let listing = source.list(&crate::progress::Silent).unwrap();
             assert_eq!(listing.classes, tree.classes, "{format:?}");
             // Packed samples keep the tree's order, paths and classes (skipped ones are gone).
             let tree_rest: Vec<_> = tree.samples.iter().map(|s| (s.rel_path.clone(), s.class)).collect();
@@ -178,7 +178,7 @@ mod tests {
         };
         let (out, _) = packed(dir.path(), format);
         let source = PackedDataset::open(&out).unwrap();
-        let listing = source.list().unwrap();
+        let listing = source.list(&crate::progress::Silent).unwrap();
         // Flip one byte in the middle of the first sample's image, in its shard.
         let shard = std::fs::read_dir(&out)
             .unwrap()

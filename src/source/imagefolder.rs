@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 
 use super::{Listing, Source, SourceSample};
+use crate::progress::Progress;
 use crate::{Error, Result};
 
 /// An ImageFolder tree.
@@ -73,7 +74,12 @@ impl ImageFolder {
     /// Only symlinks are `stat`ed: `read_dir` already says what every other entry is, and a
     /// file's size is learnt when it is read. On network file systems that is most of the
     /// listing time saved.
-    fn walk_class(&self, class_dir: &Path, class: u32) -> (Vec<SourceSample>, Vec<String>) {
+    fn walk_class(
+        &self,
+        class_dir: &Path,
+        class: u32,
+        progress: &dyn Progress,
+    ) -> (Vec<SourceSample>, Vec<String>) {
         let mut dirs: Vec<Dir> = Vec::new();
         let mut warnings = Vec::new();
         // Each directory carries the real (canonical) paths of itself and every directory above
@@ -123,6 +129,7 @@ impl ImageFolder {
                 }
             }
             files.sort_by(|a, b| python_cmp(a, b));
+            progress.advance(files.len() as u64);
             dirs.push(Dir { path: dir, rel, files });
         }
         dirs.sort_by(|a, b| python_cmp(OsStr::from_bytes(&a.rel), OsStr::from_bytes(&b.rel)));
@@ -152,7 +159,9 @@ struct Dir {
 }
 
 impl Source for ImageFolder {
-    fn list(&self) -> Result<Listing> {
+    /// Lists the tree; `progress` counts the files found as directories are read (its length
+    /// stays unknown, 0, until the walk is done).
+    fn list(&self, progress: &dyn Progress) -> Result<Listing> {
         let root = &self.root;
         let entries = fs::read_dir(root).map_err(Error::io(root))?;
         let mut classes: Vec<(Vec<u32>, std::ffi::OsString)> = Vec::new();
@@ -194,7 +203,7 @@ impl Source for ImageFolder {
         let walked: Vec<_> = classes
             .par_iter()
             .enumerate()
-            .map(|(i, (_, name))| self.walk_class(&root.join(name), i as u32))
+            .map(|(i, (_, name))| self.walk_class(&root.join(name), i as u32, progress))
             .collect();
         let mut listing = Listing {
             classes: classes.iter().map(|(_, n)| n.to_string_lossy().into_owned()).collect(),
@@ -256,6 +265,7 @@ pub fn python_sort_key(name: &OsStr) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::progress::Silent;
     use std::os::unix::fs::symlink;
 
     fn touch(path: &Path) {
@@ -283,7 +293,7 @@ mod tests {
         touch(&r.join("a/notes.txt"));
         touch(&r.join("root.jpg"));
         fs::create_dir_all(r.join("c_empty")).unwrap();
-        let listing = ImageFolder::new(r, &exts()).list().unwrap();
+        let listing = ImageFolder::new(r, &exts()).list(&Silent).unwrap();
         assert_eq!(listing.classes, ["a", "b", "c_empty"]);
         assert_eq!(
             rels(&listing),
@@ -300,7 +310,7 @@ mod tests {
         let r = dir.path();
         touch(&r.join("a/x/1.jpg"));
         symlink(r.join("a"), r.join("a/x/loop")).unwrap();
-        let listing = ImageFolder::new(r, &exts()).list().unwrap();
+        let listing = ImageFolder::new(r, &exts()).list(&Silent).unwrap();
         assert_eq!(rels(&listing), ["a/x/1.jpg"]);
         assert_eq!(listing.warnings.len(), 1);
         assert!(listing.warnings[0].contains("symlink loop"), "{:?}", listing.warnings);
@@ -314,7 +324,7 @@ mod tests {
         touch(&r.join("a/q/2.jpg"));
         symlink(r.join("a/q"), r.join("a/p/to_q")).unwrap();
         symlink(r.join("a/p"), r.join("a/q/to_p")).unwrap();
-        let listing = ImageFolder::new(r, &exts()).list().unwrap();
+        let listing = ImageFolder::new(r, &exts()).list(&Silent).unwrap();
         // As os.walk would list them until it meets the loop: p, p/to_q, q, q/to_p.
         assert_eq!(rels(&listing), ["a/p/1.jpg", "a/p/to_q/2.jpg", "a/q/2.jpg", "a/q/to_p/1.jpg"]);
         assert_eq!(listing.warnings.len(), 2, "{:?}", listing.warnings);
@@ -332,11 +342,11 @@ mod tests {
     fn no_class_folders_is_an_error_naming_the_root() {
         let dir = tempfile::tempdir().unwrap();
         touch(&dir.path().join("x.jpg"));
-        let err = ImageFolder::new(dir.path(), &exts()).list().unwrap_err().to_string();
+        let err = ImageFolder::new(dir.path(), &exts()).list(&Silent).unwrap_err().to_string();
         assert!(err.contains("holds 1 image file but no class folders"), "{err}");
         assert!(err.contains(&dir.path().display().to_string()), "{err}");
         std::fs::remove_file(dir.path().join("x.jpg")).unwrap();
-        let err = ImageFolder::new(dir.path(), &exts()).list().unwrap_err().to_string();
+        let err = ImageFolder::new(dir.path(), &exts()).list(&Silent).unwrap_err().to_string();
         assert!(err.contains("has no class folders"), "{err}");
     }
 }

@@ -43,16 +43,23 @@ pub struct Listing {
 
 /// An input format.
 pub trait Source: Sync {
-    /// Lists every sample, in order.
-    fn list(&self) -> crate::Result<Listing>;
+    /// Lists every sample, in order. A listing that takes a while (walking a tree) may
+    /// `advance` `progress` by the samples found so far.
+    fn list(&self, progress: &dyn crate::progress::Progress) -> crate::Result<Listing>;
 
     /// Reads one sample's bytes.
     fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>>;
 
+    /// The file a sample is read from: by default `sample.path`. A plan names its samples
+    /// under the root as given to `pack plan` and reads them under its absolute root.
+    fn file(&self, sample: &SourceSample) -> std::path::PathBuf {
+        sample.path.clone()
+    }
+
     /// The sample's size and modification time, which `--resume` compares to tell whether the
-    /// source changed. By default the file at `sample.path`, followed through symlinks.
+    /// source changed. By default the file it is read from, followed through symlinks.
     fn stamp(&self, sample: &SourceSample) -> Option<Stamp> {
-        Stamp::of(&sample.path)
+        Stamp::of(&self.file(sample))
     }
 }
 

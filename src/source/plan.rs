@@ -253,11 +253,19 @@ impl Plan {
 
 /// Walks the ImageFolder tree at `root` as `pack root` would — the same walk, order, class
 /// indices, and shuffle with `seed` — and `stat`s every file on `threads` threads.
-pub fn make(root: &Path, extensions: &[String], seed: Option<u64>, threads: NonZeroUsize) -> Result<Plan> {
+/// `progress` counts the files found while the tree is listed.
+pub fn make(
+    root: &Path,
+    extensions: &[String],
+    seed: Option<u64>,
+    threads: NonZeroUsize,
+    progress: &dyn crate::progress::Progress,
+) -> Result<Plan> {
     use rayon::prelude::*;
     crate::source::imagefolder::check_root(root)?;
     let source = crate::source::imagefolder::ImageFolder::new(root, extensions);
-    let mut listing = source.list()?;
+    let mut listing = source.list(progress)?;
+    progress.finish();
     if let Some(seed) = seed {
         crate::shuffle::shuffle(&mut listing.samples, seed);
     }
@@ -302,7 +310,7 @@ impl PlanSource {
 }
 
 impl Source for PlanSource {
-    fn list(&self) -> Result<Listing> {
+    fn list(&self, _progress: &dyn crate::progress::Progress) -> Result<Listing> {
         let samples = self
             .plan
             .samples
@@ -313,8 +321,10 @@ impl Source for PlanSource {
                     path: self.root.clone(),
                     reason: format!("plan sample {i}: {reason}"),
                 })?;
-                let path =
-                    self.root.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&rel_path));
+                // Named as every summary names a file: under the root as given to `pack plan`
+                // (which the metadata records, and `pack merge` names skipped files by), not
+                // under the absolute root the file is read from.
+                let path = Path::new(&self.plan.header.root).join(os_path(&rel_path));
                 Ok(SourceSample { index: i, path, rel_path, class: s.class, size: s.size })
             })
             .collect::<Result<_>>()?;
@@ -327,8 +337,17 @@ impl Source for PlanSource {
     }
 
     fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
-        std::fs::read(&sample.path)
+        std::fs::read(self.file(sample))
     }
+
+    fn file(&self, sample: &SourceSample) -> PathBuf {
+        self.root.join(os_path(&sample.rel_path))
+    }
+}
+
+/// Relative path bytes as a path.
+fn os_path(bytes: &[u8]) -> &Path {
+    Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes))
 }
 
 /// The exact relative path bytes of a planned sample.

@@ -425,10 +425,16 @@ pub(crate) mod testing {
         let plan = dir.join("t.plan");
         let extensions: Vec<String> =
             crate::pack::config::DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect();
-        crate::source::plan::make(&tree, &extensions, None, std::num::NonZeroUsize::MIN)
-            .unwrap()
-            .write(&plan)
-            .unwrap();
+        crate::source::plan::make(
+            &tree,
+            &extensions,
+            None,
+            std::num::NonZeroUsize::MIN,
+            &crate::progress::Silent,
+        )
+        .unwrap()
+        .write(&plan)
+        .unwrap();
         let out = dir.join("out");
         for index in 0..count {
             let mut config = PackConfig::new(&plan, &out, format.clone());
