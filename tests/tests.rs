@@ -15,6 +15,7 @@ mod lmdb_roundtrip;
 mod parts;
 mod plan;
 mod resume;
+mod signals;
 mod transcode;
 mod verify;
 mod webdataset;

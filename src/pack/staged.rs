@@ -9,6 +9,10 @@
 //! are scratch ([`Staged::scratch`]: removed before publishing, like the resume journal or the
 //! LMDB sink's checksum file) and which file, when present, means the temporary is worth
 //! keeping after a failed run ([`Staged::keep_if`]: the checkpoint journal, for `--resume`).
+//!
+//! One run at a time writes an output: staging takes its [`OutputLock`] first. The lock is a
+//! `flock`, so it dies with its process; the file it is taken on is only where it lives, and
+//! a file left by a killed run is taken over by the next one.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -31,49 +35,97 @@ pub struct Staged {
 }
 
 /// A lock on an output: an exclusive `flock` on `.NAME.imgpack-lock` beside it, held by the
-/// one run writing it.
+/// one run writing it, with that run's pid written in it.
 ///
 /// Two runs writing one output — a job submitted twice, a scheduler re-running a task whose
 /// first attempt still runs — would otherwise share one temporary directory and could publish
-/// a mix of both. The second run fails at once instead. On a file system without locks (some
-/// network mounts) runs are not protected, as without this lock. The lock file is removed when
-/// the lock is released.
+/// a mix of both. The second run fails at once instead ([`Error::Busy`], naming the lock file;
+/// the pid in it says which process holds it). On a file system without locks (some network
+/// mounts) runs are not protected, as without this lock.
+///
+/// **A lock file is not a lock.** The lock is the `flock`, which the kernel releases when the
+/// process holding it ends, however it ends. A run that finishes, fails or stops at a
+/// checkpoint removes the file; one that is killed (`kill -9`, a second Ctrl-C, a crash)
+/// leaves it, and the next run simply takes the lock on it and removes it when done: a leftover
+/// file never blocks a run. Readers, `pack verify` and `pack merge` never look at it: it is a
+/// hidden file beside the output (inside `OUT` for `--part` runs, where merge looks only at
+/// part directories and their temporaries).
+///
+/// The file is removed while the lock is held, so a run that opened it just before cannot lock
+/// the removed file while a third run locks a new one: after locking, [`OutputLock::acquire`]
+/// checks that the path still names the file it locked, and starts over if not.
 #[derive(Debug)]
 pub struct OutputLock {
     file: Option<(fs::File, PathBuf)>,
 }
 
+/// What the lock file of `target` is called: `.NAME.imgpack-lock` beside it.
+pub fn lock_path(target: &Path) -> PathBuf {
+    let mut name = std::ffi::OsString::from(".");
+    name.push(target.file_name().unwrap_or_default());
+    name.push(".imgpack-lock");
+    parent_of(target).join(name)
+}
+
+/// Whether `file` and the file at `path` are one file (the path was not removed or replaced).
+fn same_file(file: &fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), fs::metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
 impl OutputLock {
-    /// Takes the lock of `target`, or fails naming the run that holds it.
+    /// Takes the lock of `target`, or fails naming the lock file of the run that holds it.
+    /// A lock file left by a run that was killed is taken over.
     pub fn acquire(target: &Path) -> Result<OutputLock> {
-        let mut name = std::ffi::OsString::from(".");
-        name.push(target.file_name().unwrap_or_default());
-        name.push(".imgpack-lock");
-        let path = parent_of(target).join(name);
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(Error::io(&path))?;
-        // SAFETY: flock on a file descriptor this function owns.
-        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } == 0
-        {
+        let path = lock_path(target);
+        loop {
+            let mut file = fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(Error::io(&path))?;
+            // SAFETY: flock on a file descriptor this function owns.
+            let locked =
+                unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) };
+            if locked != 0 {
+                let error = std::io::Error::last_os_error();
+                return match error.raw_os_error() {
+                    Some(libc::EWOULDBLOCK) => Err(Error::Busy { path: target.to_path_buf(), lock: path }),
+                    Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS) => Ok(OutputLock { file: None }),
+                    _ => Err(Error::io(&path)(error)),
+                };
+            }
+            if !same_file(&file, &path) {
+                // Its holder removed it between our open and our lock: lock the new one.
+                continue;
+            }
+            // Whoever wrote it before (a killed run) is gone: the pid now is ours. Only for
+            // people and messages: the flock is the lock, so a failed write does not matter.
+            let pid = format!("{}\n", std::process::id());
+            let _ = file.set_len(0).and_then(|()| std::io::Write::write_all(&mut file, pid.as_bytes()));
             return Ok(OutputLock { file: Some((file, path)) });
         }
-        let error = std::io::Error::last_os_error();
-        match error.raw_os_error() {
-            Some(libc::EWOULDBLOCK) => Err(Error::Busy { path: target.to_path_buf(), lock: path }),
-            Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS) => Ok(OutputLock { file: None }),
-            _ => Err(Error::io(&path)(error)),
-        }
+    }
+
+    /// The pid written in the lock file at `lock`: the process that holds it, if the lock is
+    /// held (a leftover file names a process that is gone).
+    pub fn holder(lock: &Path) -> Option<u32> {
+        fs::read_to_string(lock).ok()?.trim().parse().ok()
     }
 }
 
 impl Drop for OutputLock {
+    /// Removes the lock file, then releases the lock (closing the file). A file that is not
+    /// the one locked any more (removed by hand, and made again by another run) is left alone.
     fn drop(&mut self) {
         if let Some((file, path)) = self.file.take() {
-            let _ = fs::remove_file(&path);
+            if same_file(&file, &path) {
+                let _ = fs::remove_file(&path);
+            }
             drop(file);
         }
     }
@@ -174,8 +226,9 @@ impl Staged {
 impl Drop for Staged {
     /// A run that stops with an error removes its temporary, unless it holds the file named by
     /// [`Staged::keep_if`] (a checkpoint journal, kept for `--resume`); after
-    /// [`Staged::publish`] there is nothing left at the temporary path. (A killed process runs
-    /// no destructor; the next run deals with what it left.)
+    /// [`Staged::publish`] there is nothing left at the temporary path. The lock is released
+    /// and its file removed after this. (A killed process runs no destructor; the next run
+    /// deals with what it left: it clears or resumes the temporary and takes over the lock file.)
     fn drop(&mut self) {
         if !self.keep_if.is_some_and(|name| self.temp.join(name).exists()) {
             let _ = remove_any(&self.temp);
@@ -201,6 +254,55 @@ mod tests {
         assert!(!target.join("old").exists());
         assert_eq!(fs::read(target.join("new")).unwrap(), b"new");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary left behind");
+    }
+
+    #[test]
+    fn a_live_lock_is_refused_naming_its_file_and_a_released_one_is_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out");
+        let first = Staged::create_dir(&target, false).unwrap();
+        let lock = lock_path(&target);
+        assert_eq!(lock, dir.path().join(".out.imgpack-lock"));
+        assert_eq!(OutputLock::holder(&lock), Some(std::process::id()), "the holder's pid is in the file");
+        match Staged::create_dir(&target, false) {
+            Err(Error::Busy { path, lock: named }) => {
+                assert_eq!((path, named), (target.clone(), lock.clone()))
+            }
+            other => panic!("a second writer got {other:?}"),
+        }
+        assert!(first.path().is_dir(), "the refused run left the first one's temporary alone");
+        drop(first);
+        assert!(!lock.exists(), "a run that ends removes its lock file");
+        drop(Staged::create_dir(&target, false).unwrap());
+    }
+
+    #[test]
+    fn a_lock_file_left_by_a_killed_run_is_taken_over_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out");
+        let lock = lock_path(&target);
+        // What `kill -9` leaves: the file, with a pid that is gone, and no flock on it.
+        fs::write(&lock, b"4194304\n").unwrap();
+        let staged = Staged::create_dir(&target, false).unwrap();
+        assert_eq!(OutputLock::holder(&lock), Some(std::process::id()));
+        staged.publish().unwrap();
+        assert!(!lock.exists());
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "only the output is left");
+    }
+
+    #[test]
+    fn a_lock_file_removed_and_made_again_by_another_run_is_not_removed_by_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out");
+        let lock = lock_path(&target);
+        let first = OutputLock::acquire(&target).unwrap();
+        fs::remove_file(&lock).unwrap();
+        let second = OutputLock::acquire(&target).unwrap();
+        drop(first);
+        assert!(lock.exists(), "the first run removed the second run's lock file");
+        assert!(matches!(OutputLock::acquire(&target), Err(Error::Busy { .. })));
+        drop(second);
+        assert!(!lock.exists());
     }
 
     #[test]
