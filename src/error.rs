@@ -33,12 +33,14 @@ pub enum Error {
         path: PathBuf,
     },
     /// Another run is writing the same output right now.
-    #[error("{}: another pack run is writing it right now (it holds the lock {}); wait for that run to finish, or stop it, then run this again", path.display(), lock.display())]
+    #[error("{}: another pack run is writing it right now ({}it holds the lock {}); wait for that run to finish, or stop it, then run this again", path.display(), pid.map_or(String::new(), |p| format!("pid {p}; ")), lock.display())]
     Busy {
         /// The output.
         path: PathBuf,
         /// The lock file the other run holds.
         lock: PathBuf,
+        /// The process holding it, as it wrote in the lock file (if it could be read).
+        pid: Option<u32>,
     },
     /// LMDB refused an operation.
     #[error("{}: LMDB error: {source}{hint}", path.display())]

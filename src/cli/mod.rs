@@ -25,7 +25,7 @@ const EXIT_ERROR: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
 /// Exit code for a run stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report it).
-const EXIT_INTERRUPTED: u8 = 130;
+const EXIT_INTERRUPTED: u8 = crate::interrupt::EXIT_CODE;
 
 /// Runs the `pack` command line `args` (the program name first, as `std::env::args_os` gives
 /// it) and returns the process exit code. Help, version and parse errors are printed and exit

@@ -94,7 +94,10 @@ impl OutputLock {
             if locked != 0 {
                 let error = std::io::Error::last_os_error();
                 return match error.raw_os_error() {
-                    Some(libc::EWOULDBLOCK) => Err(Error::Busy { path: target.to_path_buf(), lock: path }),
+                    Some(libc::EWOULDBLOCK) => {
+                        let pid = OutputLock::holder(&path);
+                        Err(Error::Busy { path: target.to_path_buf(), lock: path, pid })
+                    }
                     Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS) => Ok(OutputLock { file: None }),
                     _ => Err(Error::io(&path)(error)),
                 };
@@ -265,8 +268,8 @@ mod tests {
         assert_eq!(lock, dir.path().join(".out.imgpack-lock"));
         assert_eq!(OutputLock::holder(&lock), Some(std::process::id()), "the holder's pid is in the file");
         match Staged::create_dir(&target, false) {
-            Err(Error::Busy { path, lock: named }) => {
-                assert_eq!((path, named), (target.clone(), lock.clone()))
+            Err(Error::Busy { path, lock: named, pid }) => {
+                assert_eq!((path, named, pid), (target.clone(), lock.clone(), Some(std::process::id())))
             }
             other => panic!("a second writer got {other:?}"),
         }
