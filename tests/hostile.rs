@@ -358,7 +358,11 @@ fn on_error_fail_stops_at_the_first_bad_file_and_publishes_nothing() {
             let stdout = String::from_utf8_lossy(&output.stdout);
             let record: serde_json::Value = serde_json::from_str(stdout.trim())
                 .unwrap_or_else(|e| panic!("{context}: one JSON object ({e}): {stdout}"));
-            assert_eq!((record["type"].as_str(), record["exit_code"].as_u64()), (Some("error"), Some(1)), "{context}");
+            assert_eq!(
+                (record["type"].as_str(), record["exit_code"].as_u64()),
+                (Some("error"), Some(1)),
+                "{context}"
+            );
             assert!(!out.exists(), "{context}: nothing published");
             let leftovers: Vec<_> = fs::read_dir(&parent).unwrap().map(|e| e.unwrap().file_name()).collect();
             assert!(leftovers.is_empty(), "{context}: no temporary output left behind: {leftovers:?}");
