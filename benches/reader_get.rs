@@ -37,6 +37,7 @@ fn main() {
             false,
             "shard",
             ShardLimits { max_bytes: 1_000_000_000, max_samples: None },
+            false,
         )
         .unwrap(),
     );

@@ -272,11 +272,11 @@ fn info_says_what_a_dataset_holds() {
 
     let text = stdout(&pack(&[&"info", &p.wds()]).output().unwrap());
     for needle in [
-        "WebDataset dataset (imgpack-webdataset version 2)",
+        &format!("WebDataset dataset (imgpack-webdataset version {})", imgpack_reader::FORMAT_VERSION),
         &format!("samples    {total} in {} classes", expected.len()),
         &format!("shards     {}", tars.len()),
         "order      shuffled with seed 5",
-        "checksums  crc32",
+        "checksums  crc32 per sample, crc32 per shard",
         "mode       passthrough",
     ] {
         assert!(text.contains(needle), "{needle:?} not in\n{text}");

@@ -58,6 +58,35 @@ fn shards_round_trip_and_respect_the_size_limit() {
 }
 
 #[test]
+fn every_shard_has_a_crc32_and_an_md5_with_md5() {
+    let fx = Fixture::new();
+    for (name, extra) in [("plain", &[][..]), ("md5", &["--md5"][..])] {
+        let mut args = vec!["--shard-size", "150kB"];
+        args.extend_from_slice(extra);
+        let (out, _) = pack_wds(&fx, name, &args);
+        let meta = imgpack_reader::open(&out).unwrap().meta().clone();
+        let wids: WidsIndex =
+            serde_json::from_slice(&fs::read(out.join("shardindex.json")).unwrap()).unwrap();
+        assert_eq!(meta.version, 3);
+        assert!(meta.shards.len() > 1);
+        for (shard, entry) in meta.shards.iter().zip(&wids.shardlist) {
+            let bytes = fs::read(out.join(&shard.name)).unwrap();
+            assert_eq!(shard.crc32, Some(crc32fast::hash(&bytes)), "{name}: CRC-32 of the whole shard");
+            let md5: String = Md5::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+            let expected = (name == "md5").then_some(md5);
+            assert_eq!((&shard.md5, &entry.md5sum), (&expected, &expected), "{name}");
+        }
+        let json: serde_json::Value =
+            serde_json::from_slice(&fs::read(out.join("imgpack.json")).unwrap()).unwrap();
+        assert_eq!(
+            json["options"]["md5"].as_bool(),
+            (name == "md5").then_some(true),
+            "recorded only when on"
+        );
+    }
+}
+
+#[test]
 fn every_index_agrees_with_the_tar_headers() {
     let fx = Fixture::new();
     let (out, summary) = pack_wds(&fx, "wds", &["--shard-size", "150kB", "--prefix", "train"]);
@@ -72,8 +101,7 @@ fn every_index_agrees_with_the_tar_headers() {
         assert_eq!(entry.url, shard.file_name().unwrap().to_string_lossy());
         assert!(entry.url.starts_with("train-"));
         assert_eq!(entry.filesize, bytes.len() as u64);
-        let md5: String = Md5::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(entry.md5sum, md5);
+        assert_eq!(entry.md5sum, None, "no MD5 without --md5");
 
         let idx = parse_dali_index(&fs::read_to_string(shard.with_extension("idx")).unwrap()).unwrap();
         assert_eq!(idx.len() as u64, entry.nsamples);

@@ -243,7 +243,7 @@ fn an_absurd_key_width_is_refused_before_any_key_is_built() {
 fn unknown_versions_formats_and_checksums_are_not_a_dataset() {
     for (field, value, expected) in [
         ("version", json!(0), "version 0"),
-        ("version", json!(3), "version 3"),
+        ("version", json!(4), "version 4"),
         ("format", json!("imgpack-lmdb"), "imgpack-lmdb"),
         ("checksum", json!("sha256"), "sha256"),
     ] {

@@ -76,6 +76,10 @@ pub struct ShardStats {
     pub total_bytes: u64,
     pub min_samples: u64,
     pub max_samples: u64,
+    /// Whether every shard has a recorded CRC-32 (format version 3 on).
+    pub crc32: bool,
+    /// Whether every shard has a recorded MD5 (`--md5`, or before version 3).
+    pub md5: bool,
 }
 
 /// Reads what `pack info` reports about the dataset at `path`: the metadata, then every
@@ -154,6 +158,8 @@ fn shard_stats(shards: &[imgpack_reader::ShardInfo]) -> Option<ShardStats> {
         total_bytes: bytes.sum(),
         min_samples: samples.clone().min().unwrap_or(0),
         max_samples: samples.max().unwrap_or(0),
+        crc32: shards.iter().all(|s| s.crc32.is_some()),
+        md5: shards.iter().all(|s| s.md5.is_some()),
     })
 }
 
@@ -247,9 +253,17 @@ impl fmt::Display for Display<'_> {
         writeln!(f, "  mode       {}", mode_text(&i.mode, &i.options))?;
         writeln!(f, "  order      {}", i.order())?;
         writeln!(f, "  source     {} {}", i.source_kind, i.source_root)?;
+        let per_shard = match &i.shards {
+            Some(ShardStats { crc32: true, md5: true, .. }) => ", crc32 and md5 per shard",
+            Some(ShardStats { crc32: true, .. }) => ", crc32 per shard",
+            Some(ShardStats { md5: true, .. }) => ", md5 per shard",
+            _ => "",
+        };
         match &i.checksum {
-            Some(algorithm) => writeln!(f, "  checksums  {algorithm} per sample (pack verify checks them)")?,
-            None => writeln!(f, "  checksums  none (written before format version 2)")?,
+            Some(algorithm) => {
+                writeln!(f, "  checksums  {algorithm} per sample{per_shard} (pack verify checks them)")?
+            }
+            None => writeln!(f, "  checksums  none per sample (written before format version 2){per_shard}")?,
         }
         match i.parts {
             Some(n) => writeln!(f, "  parts      merged from {n} parts")?,

@@ -158,6 +158,7 @@ pub(super) mod tests {
         OutputFormat::WebDataset {
             prefix: "shard".into(),
             limits: ShardLimits { max_bytes: 1 << 20, max_samples: Some(8) },
+            md5: false,
         }
     }
 

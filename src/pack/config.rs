@@ -33,6 +33,9 @@ pub enum OutputFormat {
         prefix: String,
         /// When to start a new shard.
         limits: ShardLimits,
+        /// Give every shard an MD5 too (`--md5`), for tools that want `md5sum` in
+        /// `shardindex.json`; every shard has a CRC-32 anyway.
+        md5: bool,
     },
     /// An ImageFolder tree, each sample back at its source path.
     ImageFolder,
@@ -130,7 +133,7 @@ impl PackConfig {
 
     /// Checks the plan: sources and outputs that cannot work are refused here.
     pub fn validate(&self) -> Result<()> {
-        if let OutputFormat::WebDataset { prefix, limits } = &self.format {
+        if let OutputFormat::WebDataset { prefix, limits, .. } = &self.format {
             if prefix.is_empty() || prefix.contains('/') || prefix.starts_with('.') || prefix.len() > 64 {
                 return Err(Error::Usage(format!(
                     "--prefix {prefix:?}: use a plain file name prefix such as `shard` or `train` (no '/', not starting with '.', at most 64 bytes)"
@@ -174,8 +177,8 @@ impl PackConfig {
     /// left out on purpose: it does not change a byte of the output.
     pub fn recorded_options(&self) -> Options {
         let webdataset = match &self.format {
-            OutputFormat::WebDataset { prefix, limits } => {
-                Some((prefix.clone(), limits.max_bytes, limits.max_samples))
+            OutputFormat::WebDataset { prefix, limits, md5 } => {
+                Some((prefix.clone(), limits.max_bytes, limits.max_samples, *md5))
             }
             _ => None,
         };
@@ -193,6 +196,7 @@ impl PackConfig {
             prefix: webdataset.as_ref().map(|w| w.0.clone()),
             shard_size: webdataset.as_ref().map(|w| w.1),
             shard_samples: webdataset.as_ref().map(|w| w.2),
+            md5: webdataset.as_ref().and_then(|w| w.3.then_some(true)),
         }
     }
 }

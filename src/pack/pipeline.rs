@@ -438,8 +438,8 @@ fn open_resumable(
     let fresh = |staged: Staged| -> Result<(Box<dyn Sink>, Ledger)> {
         resume::save_listing(staged.path(), listing, stamps)?;
         let sink: Box<dyn Sink> = match &config.format {
-            OutputFormat::WebDataset { prefix, limits } => {
-                Box::new(WebDatasetSink::start(staged, &shard_prefix(prefix), *limits)?)
+            OutputFormat::WebDataset { prefix, limits, md5 } => {
+                Box::new(WebDatasetSink::start(staged, &shard_prefix(prefix), *limits, *md5)?)
             }
             _ => Box::new(LmdbSink::start(staged, total_bytes, config.checkpoint_bytes)?),
         };
@@ -467,8 +467,8 @@ fn open_resumable(
     }
     let durable = Durable { samples: journal.progress.packed, shards: journal.progress.shards.clone() };
     let sink: Box<dyn Sink> = match &config.format {
-        OutputFormat::WebDataset { prefix, limits } => {
-            Box::new(WebDatasetSink::resume(staged, &shard_prefix(prefix), *limits, &durable)?)
+        OutputFormat::WebDataset { prefix, limits, md5 } => {
+            Box::new(WebDatasetSink::resume(staged, &shard_prefix(prefix), *limits, *md5, &durable)?)
         }
         _ => Box::new(LmdbSink::resume(
             staged,

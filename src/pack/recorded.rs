@@ -39,6 +39,9 @@ pub struct Options {
     /// WebDataset: the most samples per shard (`null` for no limit).
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "crate::encoding::present")]
     pub shard_samples: Option<Option<u64>>,
+    /// WebDataset: `true` when every shard has an MD5 (`--md5`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub md5: Option<bool>,
 }
 
 impl Options {
@@ -133,6 +136,7 @@ mod tests {
             transcode: crate::transcode::Recorded { mode: "passthrough".into(), ..Default::default() },
             prefix: None,
             shard_size: None,
+            md5: None,
             shard_samples: None,
         }
     }

@@ -3,15 +3,17 @@
 //!
 //! Offsets are known while writing, so every index is produced as the shards are written — no
 //! second pass over the data. Each shard is written to its final name inside the staged output
-//! directory. Its MD5 (for `wids`) is the one costly computation here (MD5 runs at about
-//! 600 MB/s and cannot be split within a file), so it runs on a thread of its own per shard,
-//! reading back what has been flushed while it is still in the page cache: hashing overlaps
-//! with reading, checking and writing, and the hashes of consecutive shards overlap with each
-//! other. When a shard is complete it is also handed to a background thread that `fsync`s it
-//! while the next shard is being written, so the final sync before publishing has little left.
+//! directory. Its CRC-32 costs nothing: each sample's CRC (header, data, padding) is known
+//! already, and CRC-32s of consecutive byte ranges combine in a few operations
+//! (`crc32fast::Hasher::combine`). Its MD5, written only with `--md5`, is costly (about
+//! 600 MB/s, and it cannot be split within a file: measured as about half of packing's CPU time
+//! on 2 cores), so it runs on a thread of its own per shard, reading back what has been flushed
+//! while it is still in the page cache. When a shard is complete it is also handed to a
+//! background thread that `fsync`s it while the next shard is being written, so the final sync
+//! before publishing has little left.
 //!
-//! A shard whose MD5 is known and whose file and DALI index are synced is a checkpoint for
-//! `--resume` ([`Sink::checkpoint`]); a resumed sink deletes the shards after the last one,
+//! A shard whose checksums are known and whose file and DALI index are synced is a checkpoint
+//! for `--resume` ([`Sink::checkpoint`]); a resumed sink deletes the shards after the last one,
 //! cuts `imgpack.index` back to it, and writes on from there.
 
 use std::fs::File;
@@ -64,9 +66,11 @@ pub struct WebDatasetSink {
     samples: u64,
     warnings: Vec<String>,
     syncer: Syncer,
+    /// Whether shards get an MD5 (`--md5`).
+    md5: bool,
     /// MD5 threads of closed shards whose MD5 is not collected yet, in shard order.
     hashing: std::collections::VecDeque<ShardHasher>,
-    /// Shards (from the first) whose MD5 is collected.
+    /// Shards (from the first) whose MD5 is collected (all closed shards without `--md5`).
     hashed: usize,
     /// Shards (from the first) reported durable by the last checkpoint.
     durable: usize,
@@ -76,7 +80,10 @@ struct ShardWriter {
     number: usize,
     path: PathBuf,
     file: BufWriter<File>,
-    hasher: ShardHasher,
+    /// The CRC-32 of the shard so far, combined from its samples'.
+    crc: crc32fast::Hasher,
+    /// With `--md5`: the thread hashing the shard.
+    hasher: Option<ShardHasher>,
     /// Bytes written since the hasher was last told how far the file is flushed.
     unannounced: u64,
     bytes: u64,
@@ -92,17 +99,19 @@ impl WebDatasetSink {
         overwrite: bool,
         prefix: &str,
         limits: ShardLimits,
+        md5: bool,
     ) -> Result<WebDatasetSink> {
-        WebDatasetSink::start(Staged::create_dir(target, overwrite)?, prefix, limits)
+        WebDatasetSink::start(Staged::create_dir(target, overwrite)?, prefix, limits, md5)
     }
 
-    /// Starts a WebDataset output in a fresh staged directory.
-    pub fn start(staged: Staged, prefix: &str, limits: ShardLimits) -> Result<WebDatasetSink> {
+    /// Starts a WebDataset output in a fresh staged directory; `md5`: give every shard an MD5
+    /// too (`--md5`).
+    pub fn start(staged: Staged, prefix: &str, limits: ShardLimits, md5: bool) -> Result<WebDatasetSink> {
         let index_path = staged.path().join(SAMPLE_INDEX_FILE);
         let mut index = BufWriter::new(File::create(&index_path).map_err(Error::io(&index_path))?);
         let header = IndexHeader { version: INDEX_VERSION, meta_crc32: 0, samples: 0 };
         index.write_all(&header.encode()).map_err(Error::io(&index_path))?;
-        Ok(WebDatasetSink::with(staged, prefix, limits, index, &Durable::default()))
+        Ok(WebDatasetSink::with(staged, prefix, limits, md5, index, &Durable::default()))
     }
 
     /// Continues the output an interrupted run left in `staged` from its checkpoint `durable`:
@@ -112,6 +121,7 @@ impl WebDatasetSink {
         staged: Staged,
         prefix: &str,
         limits: ShardLimits,
+        md5: bool,
         durable: &Durable,
     ) -> Result<WebDatasetSink> {
         let dir = staged.path().to_path_buf();
@@ -129,6 +139,13 @@ impl WebDatasetSink {
             }
         }
         for shard in &durable.shards {
+            if shard.crc32.is_none() || (md5 && shard.md5.is_none()) {
+                return Err(stale(format!(
+                    "{} has no {} recorded (an earlier version of pack wrote it); run again without --resume",
+                    shard.name,
+                    if shard.crc32.is_none() { "CRC-32" } else { "MD5" }
+                )));
+            }
             let path = dir.join(&shard.name);
             let len = std::fs::metadata(&path).map(|m| m.len()).ok();
             if len != Some(shard.bytes) {
@@ -147,13 +164,14 @@ impl WebDatasetSink {
         }
         file.set_len(len).map_err(Error::io(&index_path))?;
         file.seek(SeekFrom::End(0)).map_err(Error::io(&index_path))?;
-        Ok(WebDatasetSink::with(staged, prefix, limits, BufWriter::new(file), durable))
+        Ok(WebDatasetSink::with(staged, prefix, limits, md5, BufWriter::new(file), durable))
     }
 
     fn with(
         staged: Staged,
         prefix: &str,
         limits: ShardLimits,
+        md5: bool,
         index: BufWriter<File>,
         durable: &Durable,
     ) -> WebDatasetSink {
@@ -168,6 +186,7 @@ impl WebDatasetSink {
             samples: durable.samples,
             warnings: Vec::new(),
             syncer,
+            md5,
             hashing: Default::default(),
             hashed: durable.shards.len(),
             durable: durable.shards.len(),
@@ -225,6 +244,7 @@ impl WebDatasetSink {
             shard: shard.number as u32,
             crc32: crc.finalize(),
         };
+        shard.crc.combine(&crc32fast::Hasher::new_with_initial_len(entry.crc32, entry.len));
         let index = self.index.as_mut().expect("open until finish");
         index
             .write_all(&entry.encode())
@@ -237,10 +257,11 @@ impl WebDatasetSink {
         let number = self.shards.len();
         let path = self.staged.path().join(shard_file_name(&self.prefix, number));
         let file = File::create(&path).map_err(Error::io(&path))?;
-        let hasher = ShardHasher::start(&path)?;
+        let hasher = if self.md5 { Some(ShardHasher::start(&path)?) } else { None };
         self.shard = Some(ShardWriter {
             number,
             path,
+            crc: crc32fast::Hasher::new(),
             hasher,
             file: BufWriter::with_capacity(64 << 10, file),
             unannounced: 0,
@@ -256,14 +277,17 @@ impl WebDatasetSink {
     fn close_shard(&mut self) -> Result<()> {
         let Some(mut shard) = self.shard.take() else { return Ok(()) };
         shard.write(&[0u8; END_OF_ARCHIVE as usize])?;
+        shard.crc.update(&[0u8; END_OF_ARCHIVE as usize]);
         let file = shard
             .file
             .into_inner()
             .map_err(|e| Error::Io { path: shard.path.clone(), source: e.into_error() })?;
         // The MD5 is collected later (`checkpoint`, `finish`): waiting here would stall the writer.
-        shard.hasher.flushed_to(shard.bytes);
-        shard.hasher.close();
-        self.hashing.push_back(shard.hasher);
+        if let Some(mut hasher) = shard.hasher {
+            hasher.flushed_to(shard.bytes);
+            hasher.close();
+            self.hashing.push_back(hasher);
+        }
         let name = shard_file_name(&self.prefix, shard.number);
         let dali_path = self.staged.path().join(dali_index_file_name(&self.prefix, shard.number));
         // The header line was written for 0 samples; replace it now that the count is known.
@@ -276,8 +300,12 @@ impl WebDatasetSink {
             first: shard.first,
             samples: shard.samples,
             bytes: shard.bytes,
-            md5: String::new(),
+            crc32: Some(shard.crc.finalize()),
+            md5: None,
         });
+        if !self.md5 {
+            self.hashed = self.shards.len();
+        }
         self.syncer.sync(vec![(file, shard.path), (dali_file, dali_path)]);
         Ok(())
     }
@@ -287,7 +315,7 @@ impl WebDatasetSink {
     fn collect_md5s(&mut self, wait: bool) -> Result<()> {
         while self.hashing.front().is_some_and(|h| wait || h.handle.is_finished()) {
             let hasher = self.hashing.pop_front().expect("checked above");
-            self.shards[self.hashed].md5 = hasher.finish()?;
+            self.shards[self.hashed].md5 = Some(hasher.finish()?);
             self.hashed += 1;
         }
         Ok(())
@@ -307,8 +335,10 @@ impl ShardWriter {
         self.bytes += bytes.len() as u64;
         self.unannounced += bytes.len() as u64;
         if self.unannounced >= HASH_STEP {
-            self.file.flush().map_err(Error::io(&self.path))?;
-            self.hasher.flushed_to(self.bytes);
+            if let Some(hasher) = &self.hasher {
+                self.file.flush().map_err(Error::io(&self.path))?;
+                hasher.flushed_to(self.bytes);
+            }
             self.unannounced = 0;
         }
         Ok(())

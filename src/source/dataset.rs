@@ -136,6 +136,7 @@ mod tests {
             OutputFormat::WebDataset {
                 prefix: "s".into(),
                 limits: crate::sink::webdataset::ShardLimits { max_bytes: 1 << 20, max_samples: None },
+                md5: false,
             },
         ];
         for format in formats {
@@ -175,6 +176,7 @@ mod tests {
         let format = OutputFormat::WebDataset {
             prefix: "s".into(),
             limits: crate::sink::webdataset::ShardLimits { max_bytes: 1 << 20, max_samples: None },
+            md5: false,
         };
         let (out, _) = packed(dir.path(), format);
         let source = PackedDataset::open(&out).unwrap();

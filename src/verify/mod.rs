@@ -3,7 +3,7 @@
 //! A dataset is checked against itself, the way the writer built it: the sample count against
 //! the metadata, every sample's CRC-32 ([`imgpack_reader::checksum`]), every key in sequence
 //! and present once, every label within the class list and agreeing with the sample's `.json`
-//! record, and for WebDataset every shard's size and MD5, every tar header, every
+//! record, and for WebDataset every shard's size, CRC-32 and MD5, every tar header, every
 //! `imgpack.index` entry and every DALI `.idx` line against the tar itself, and `shardindex.json`
 //! against the shard list. With `decode`, every image is decoded too.
 //!

@@ -1,4 +1,4 @@
-//! `pack verify` of a WebDataset: each shard's size, MD5 and tar headers, every
+//! `pack verify` of a WebDataset: each shard's size, checksums and tar headers, every
 //! `imgpack.index` entry and DALI `.idx` line against the tar itself, and `shardindex.json`
 //! against the shard list; shards are checked in parallel.
 
@@ -160,7 +160,7 @@ impl ShardCheck {
     }
 }
 
-/// Checks one shard: its size and MD5, then its samples in order, each against the tar headers,
+/// Checks one shard: its size and checksums, then its samples in order, each against the tar headers,
 /// its index entry and its checksum; then the end blocks and the DALI index.
 fn check_shard(
     dir: &Path,
@@ -192,9 +192,22 @@ fn check_shard(
     if buf.len() as u64 != shard.bytes {
         out.problem(name, format!("is {} bytes, {META_FILE} says {}", buf.len(), shard.bytes));
     }
-    let md5 = crate::encoding::hex(&Md5::digest(buf));
-    if md5 != shard.md5 {
-        out.problem(name, format!("MD5 is {md5}, {META_FILE} records {}", shard.md5));
+    // Version 3 records a CRC-32 of every shard, and an MD5 with --md5; versions 1 and 2 an
+    // MD5 only. Either catches any flipped byte, the tar's end blocks included.
+    if let Some(recorded) = shard.crc32 {
+        let crc = imgpack_reader::checksum::crc32(buf);
+        if crc != recorded {
+            out.problem(name, format!("CRC-32 is {crc:08x}, {META_FILE} records {recorded:08x}"));
+        }
+    }
+    if let Some(recorded) = &shard.md5 {
+        let md5 = crate::encoding::hex(&Md5::digest(buf));
+        if &md5 != recorded {
+            out.problem(name, format!("MD5 is {md5}, {META_FILE} records {recorded}"));
+        }
+    }
+    if shard.crc32.is_none() && (meta.version >= 3 || shard.md5.is_none()) {
+        out.problem(name, format!("{META_FILE} records no CRC-32 of it"));
     }
 
     let mut pos = 0usize;
@@ -339,7 +352,7 @@ mod tests {
     /// testdata packed into several small shards.
     fn shards(dir: &Path) -> (PathBuf, Vec<String>) {
         let limits = ShardLimits { max_bytes: 1 << 20, max_samples: Some(8) };
-        let out = packed(dir, OutputFormat::WebDataset { prefix: "s".into(), limits });
+        let out = packed(dir, OutputFormat::WebDataset { prefix: "s".into(), limits, md5: true });
         let meta = imgpack_reader::open(&out).unwrap().meta().clone();
         let names = meta.shards.iter().map(|s| s.name.clone()).collect();
         (out, names)

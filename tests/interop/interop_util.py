@@ -26,7 +26,7 @@ IMAGEFOLDER = TESTDATA / "imagefolder"
 BAD = TESTDATA / "bad"
 
 # The format version `pack` writes (FORMAT.md), and the checksum algorithm its metadata names.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 CHECKSUM = "crc32"
 # LMDB: the record holding the checksum table (FORMAT.md, "LMDB"), besides `__meta__` the only
 # record that is not a sample field.

@@ -123,7 +123,7 @@ def test_doc_checksum_snippet(fmt, outputs, tmp_path):
 def test_lmdb_checksums(mode, outputs, lmdb_snippet):
     out = outputs["lmdb", mode]
     packed = read_lmdb(out)  # layout and every checksum (check_lmdb_checksums)
-    assert packed.meta["version"] == 2 and packed.meta["checksum"] == "crc32"
+    assert packed.meta["version"] == 3 and packed.meta["checksum"] == "crc32"
     assert packed.meta["options"]["mode"] == mode.split("-")[0]
     # __checksums__ sorts after the sample keys and before __meta__, the last record.
     assert list(packed.records)[-2:] == [CHECKSUMS_KEY, "__meta__"], list(packed.records)[-3:]
@@ -151,7 +151,7 @@ def test_lmdb_checksums(mode, outputs, lmdb_snippet):
 def test_webdataset_checksums(mode, outputs, wds_snippet):
     out = outputs["webdataset", mode]
     meta = json.loads((out / "imgpack.json").read_bytes())
-    assert meta["version"] == 2 and meta["checksum"] == "crc32"
+    assert meta["version"] == 3 and meta["checksum"] == "crc32"
     assert len(meta["shards"]) >= 3, "the fixture should spread the samples over several shards"
     entries = check_webdataset_checksums(out)  # header, ranges against tarfile, every CRC
     assert len(entries) == meta["samples"] == len(interop_util.testdata_images())

@@ -89,7 +89,8 @@ def run(tmp_path_factory, pack_bin) -> Run:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "JOB_COMPLETION_INDEX"}
     single, merged, summary = {}, {}, {}
     for fmt, parts, order in (("webdataset", WDS_PARTS, [2, 0, 3, 1]), ("lmdb", LMDB_PARTS, [1, 2, 0])):
-        opts = ("--to", fmt, "-q", *(("--shard-size", SHARD_SIZE) if fmt == "webdataset" else ()))
+        # --md5: the merge recomputes the MD5s of the shards it renumbers, checked by wids below.
+        opts = ("--to", fmt, "-q", *(("--shard-size", SHARD_SIZE, "--md5") if fmt == "webdataset" else ()))
         single[fmt] = base / f"single-{fmt}"
         pack(pack_bin, plan, "-o", single[fmt], *opts, expect=(3,))
         merged[fmt] = out = base / ("train.lmdb" if fmt == "lmdb" else "shards")

@@ -16,6 +16,7 @@ import random
 import re
 import subprocess
 import tarfile
+import zlib
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -224,10 +225,11 @@ def test_wids_random_access(packed, tmp_path):
     decoded.close()
 
     # ShardListDataset itself does not verify md5sum / nsamples (wids 0.1.11 never passes them
-    # down); IndexedTarSamples does, so run each shard through it with the declared values.
+    # down); IndexedTarSamples does, so run each shard through it with the declared values (an
+    # md5sum only with --md5: test_md5_is_opt_in_and_every_shard_has_a_crc32).
     for shard in packed.shardindex["shardlist"]:
         its = IndexedTarSamples(
-            path=str(packed.out / shard["url"]), md5sum=shard["md5sum"], expected_size=shard["nsamples"]
+            path=str(packed.out / shard["url"]), md5sum=shard.get("md5sum"), expected_size=shard["nsamples"]
         )
         try:
             assert len(its) == shard["nsamples"]
@@ -519,7 +521,10 @@ def check_shard_layout(p: Packed, limit: int, max_samples: int | None = None):
         assert (p.out / url).resolve() == tar_path.resolve(), f"url {url!r} does not name {tar_path.name}"
         size = tar_path.stat().st_size
         assert entry["filesize"] == size, f"{url}: filesize {entry['filesize']} != {size}"
-        assert entry["md5sum"] == md5(tar_path), f"{url}: md5sum mismatch"
+        if p.meta["options"].get("md5"):
+            assert entry["md5sum"] == md5(tar_path), f"{url}: md5sum mismatch"
+        else:
+            assert "md5sum" not in entry, f"{url}: an md5sum without --md5"
         assert entry["nsamples"] > 0, f"{url}: empty shard"
         assert len(walk_tar(tar_path)) == 3 * entry["nsamples"]
         if max_samples is not None:
@@ -533,7 +538,10 @@ def check_shard_layout(p: Packed, limit: int, max_samples: int | None = None):
     assert [s["samples"] for s in shards] == [e["nsamples"] for e in shardlist]
     assert [s["first"] for s in shards] == list(np.cumsum([0] + [e["nsamples"] for e in shardlist])[:-1])
     assert [s["bytes"] for s in shards] == [e["filesize"] for e in shardlist]
-    assert [s["md5"] for s in shards] == [e["md5sum"] for e in shardlist]
+    assert [s.get("md5") for s in shards] == [e.get("md5sum") for e in shardlist]
+    # Format version 3: every shard's CRC-32, of the whole file, end-of-archive blocks included.
+    assert p.meta["version"] == 3
+    assert [s["crc32"] for s in shards] == [zlib.crc32(t.read_bytes()) for t in p.tars]
     assert p.meta["samples"] == p.n and p.meta["classes"] == p.classes
 
 
@@ -579,6 +587,31 @@ def test_oversized_samples_and_shard_samples(packed, tmp_path, pack_bin):
     counted = load_packed(packed.root, out)
     check_shard_layout(counted, 10**9, max_samples=7)
     assert [e["nsamples"] for e in counted.shardindex["shardlist"]] == [7] * 8 + [4]
+
+
+def test_md5_is_opt_in_and_every_shard_has_a_crc32(packed, tmp_path, pack_bin):
+    from wids.wids import IndexedTarSamples
+
+    # The default fixture: a CRC-32 per shard (checked in check_shard_layout), no MD5 anywhere.
+    assert all("md5" not in s for s in packed.meta["shards"]) and "md5" not in packed.meta["options"]
+    assert all("md5sum" not in e for e in packed.shardindex["shardlist"])
+    # --md5: wids' own check accepts every declared md5sum, and catches one flipped byte.
+    out = tmp_path / "md5"
+    pack_ok(pack_bin, "imagefolder", packed.root, "--to", "webdataset", "-o", out, "--shard-size", "200kB", "--md5")
+    with_md5 = load_packed(packed.root, out)
+    check_shard_layout(with_md5, 200_000)
+    assert with_md5.meta["options"]["md5"] is True
+    for e in with_md5.shardindex["shardlist"]:
+        IndexedTarSamples(path=str(out / e["url"]), md5sum=e["md5sum"], expected_size=e["nsamples"]).close()
+    first = with_md5.shardindex["shardlist"][0]
+    shard = out / first["url"]
+    data = bytearray(shard.read_bytes())
+    data[700] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(AssertionError, match="MD5 sum mismatch"):
+        IndexedTarSamples(path=str(shard), md5sum=first["md5sum"], expected_size=first["nsamples"])
+    # The shard CRC-32 says so too, from the standard library alone.
+    assert zlib.crc32(shard.read_bytes()) != with_md5.meta["shards"][0]["crc32"]
 
 
 # --------------------------------------------------------------------------- 7) round trip

@@ -48,8 +48,10 @@ pub struct WidsShard {
     pub nsamples: u64,
     /// The shard's size in bytes.
     pub filesize: u64,
-    /// MD5 of the shard, lower-case hex.
-    pub md5sum: String,
+    /// MD5 of the shard, lower-case hex, when the dataset was packed with `--md5`; left out
+    /// otherwise (`wids` reads shards without it: `ShardListDataset` never checks it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub md5sum: Option<String>,
 }
 
 #[cfg(test)]
@@ -63,9 +65,10 @@ mod tests {
             first: 0,
             samples: 3,
             bytes: 10_240,
-            md5: "ab12".into(),
+            crc32: Some(7),
+            md5: Some("ab12".into()),
         };
-        let json = serde_json::to_value(WidsIndex::of(&[shard])).unwrap();
+        let json = serde_json::to_value(WidsIndex::of(std::slice::from_ref(&shard))).unwrap();
         assert_eq!(
             json,
             serde_json::json!({
@@ -75,5 +78,11 @@ mod tests {
             })
         );
         assert_eq!(serde_json::from_value::<WidsIndex>(json).unwrap().shardlist[0].nsamples, 3);
+        // Without --md5 there is no md5sum at all (not an empty one, which wids would check).
+        let json = serde_json::to_value(WidsIndex::of(&[ShardInfo { md5: None, ..shard }])).unwrap();
+        assert_eq!(
+            json["shardlist"][0],
+            serde_json::json!({"url": "shard-000000.tar", "nsamples": 3, "filesize": 10240})
+        );
     }
 }

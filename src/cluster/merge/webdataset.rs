@@ -1,6 +1,6 @@
 //! `pack merge` of WebDataset parts: the shards stay where the parts wrote them; samples after a
-//! skipped file are renumbered in place (same-length tar headers, CRC-32s, shard MD5s and DALI
-//! indexes recomputed), and the dataset-level index, `shardindex.json` and metadata are written.
+//! skipped file are renumbered in place (same-length tar headers, CRC-32s, shard checksums and
+//! DALI indexes recomputed), and the dataset-level index, `shardindex.json` and metadata are written.
 
 use std::fs::{self, File};
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -63,6 +63,7 @@ pub(super) fn merge(
             });
             for (shard, result) in part_shards.iter_mut().zip(results) {
                 let renumbered = result?;
+                shard.crc32 = Some(renumbered.crc32);
                 shard.md5 = renumbered.md5;
                 for (entry, crc) in entries[shard.first as usize..].iter_mut().zip(renumbered.crcs) {
                     entry.crc32 = crc;
@@ -127,7 +128,11 @@ fn read_index(part: &FoundPart) -> Result<Vec<IndexEntry>> {
 
 /// A shard after renumbering.
 struct Renumbered {
-    md5: String,
+    /// The whole shard's CRC-32.
+    crc32: u32,
+    /// Its MD5, if the part's shards have one (packed with `--md5`).
+    md5: Option<String>,
+    /// Each sample's CRC-32.
     crcs: Vec<u32>,
 }
 
@@ -147,7 +152,8 @@ fn renumber_shard(part: &FoundPart, shard: &ShardInfo, entries: &[IndexEntry]) -
         return Err(damaged(format!("{len} bytes, the part's metadata says {}", shard.bytes)));
     }
     let width = part.meta.key_width;
-    let mut md5 = Md5::new();
+    let mut md5 = shard.md5.is_some().then(Md5::new);
+    let mut shard_crc = crc32fast::Hasher::new();
     let mut crcs = Vec::with_capacity(entries.len());
     let mut dali = dali_index_header(entries.len() as u64);
     let mut buf = Vec::new();
@@ -197,17 +203,24 @@ fn renumber_shard(part: &FoundPart, shard: &ShardInfo, entries: &[IndexEntry]) -
             });
         }
         dali.push_str(&dali_index_line(&components));
-        crcs.push(crc32(&buf));
-        md5.update(&buf);
+        let crc = crc32(&buf);
+        crcs.push(crc);
+        shard_crc.combine(&crc32fast::Hasher::new_with_initial_len(crc, buf.len() as u64));
+        if let Some(md5) = &mut md5 {
+            md5.update(&buf);
+        }
         pos += entry.len;
     }
     let mut tail = vec![0u8; (len - pos) as usize];
     file.read_exact_at(&mut tail, pos).map_err(Error::io(&path))?;
-    md5.update(&tail);
+    shard_crc.update(&tail);
+    if let Some(md5) = &mut md5 {
+        md5.update(&tail);
+    }
     file.sync_data().map_err(Error::io(&path))?;
     let idx = part.dir.join(format!("{}.idx", shard.name.strip_suffix(".tar").unwrap_or(&shard.name)));
     replace_file(&idx, dali.as_bytes())?;
-    Ok(Renumbered { md5: hex(&md5.finalize()), crcs })
+    Ok(Renumbered { crc32: shard_crc.finalize(), md5: md5.map(|m| hex(&m.finalize())), crcs })
 }
 
 #[cfg(test)]
@@ -224,7 +237,7 @@ mod tests {
 
     fn limits() -> OutputFormat {
         let limits = crate::sink::webdataset::ShardLimits { max_bytes: 1 << 20, max_samples: Some(5) };
-        OutputFormat::WebDataset { prefix: "s".into(), limits }
+        OutputFormat::WebDataset { prefix: "s".into(), limits, md5: true }
     }
 
     #[test]
@@ -239,7 +252,8 @@ mod tests {
         let run = || renumber_shard(part, shard, &entries[..shard.samples as usize]).unwrap();
         let first = run();
         let bytes = fs::read(part.dir.join(&shard.name)).unwrap();
-        assert_eq!(first.md5, hex(&Md5::digest(&bytes)), "MD5 of the rewritten shard");
+        assert_eq!(first.md5, Some(hex(&Md5::digest(&bytes))), "MD5 of the rewritten shard");
+        assert_eq!(first.crc32, crc32(&bytes), "CRC-32 of the rewritten shard, combined from its samples'");
         let mut pos = 0;
         let mut dali_names = Vec::new();
         for (j, entry) in entries[..shard.samples as usize].iter().enumerate() {
@@ -263,7 +277,7 @@ mod tests {
         }
         // Again: nothing changes (an interrupted merge is run again).
         let second = run();
-        assert_eq!((second.md5, second.crcs), (first.md5, first.crcs));
+        assert_eq!((second.crc32, second.md5, second.crcs), (first.crc32, first.md5, first.crcs));
         assert_eq!(fs::read(part.dir.join(&shard.name)).unwrap(), bytes);
     }
 
