@@ -323,15 +323,13 @@ fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
     let seed = args.listing.seed();
     let threads = args.threads.unwrap_or_else(crate::pack::config::all_cores);
     let bar = progress_bar(args.output.quiet, PACK_BAR);
-    let plan = crate::source::plan::make(&args.source, &extensions, seed, threads, &bar)?;
-    plan.write(&args.out)?;
-    for class in &plan.header.empty_classes {
+    let header = crate::source::plan::make(&args.source, &extensions, seed, threads, &bar, &args.out)?;
+    for class in &header.empty_classes {
         eprintln!("warning: {}", crate::pack::report::empty_class_warning(class));
     }
-    for warning in &plan.header.warnings {
+    for warning in &header.warnings {
         eprintln!("warning: {warning}");
     }
-    let header = &plan.header;
     let mut stdout = std::io::stdout().lock();
     if args.output.json {
         let summary = serde_json::json!({

@@ -11,7 +11,7 @@
 //! one an uninterrupted run writes.
 //!
 //! The run also saves its source listing (every file's path, class, size and modification
-//! time, in the plan file format: [`Plan::of_listing`]) when it starts. A resumed run lists and `stat`s the source again and refuses to go on
+//! time, in the plan file format: [`ListingPlan::of_listing`]) when it starts. A resumed run lists and `stat`s the source again and refuses to go on
 //! if anything was added, removed or modified, naming what changed: the kept output would
 //! otherwise silently disagree with the source.
 //!
@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::pack::recorded::Run;
 use crate::pack::report::Skipped;
 use crate::pack::staged::Staged;
-use crate::source::plan::Plan;
+use crate::source::plan::{ListingPlan, Plan};
 use crate::source::{Listing, SourceSample, Stamp};
 use crate::{Error, Result};
 
@@ -212,9 +212,9 @@ pub fn skipped(progress: &Progress, samples: &[SourceSample]) -> Vec<Skipped> {
 }
 
 /// Saves the listing, with each sample's stamp, as a plan file that names no root
-/// ([`Plan::of_listing`]): one format for plans and saved listings.
+/// ([`ListingPlan::of_listing`]): one format for plans and saved listings.
 pub fn save_listing(dir: &Path, listing: &Listing, stamps: &[Option<Stamp>]) -> Result<()> {
-    Plan::of_listing(listing, stamps).write(&dir.join(LISTING_FILE))
+    ListingPlan::of_listing(listing, stamps).write(&dir.join(LISTING_FILE))
 }
 
 /// Reads a listing saved by [`save_listing`].
@@ -361,7 +361,10 @@ mod tests {
             ..Listing::default()
         };
         let one = Some(Stamp { size: 1, mtime_ns: 1 });
-        let saved = Plan::of_listing(&before, &[one, one]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("saved.plan");
+        ListingPlan::of_listing(&before, &[one, one]).write(&path).unwrap();
+        let saved = Plan::read(&path, None).unwrap();
         let listing = Listing {
             classes,
             samples: vec![sample(0, "a/1.jpg", 0), sample(1, "a/3.jpg", 0)],

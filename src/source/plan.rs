@@ -96,15 +96,26 @@ pub struct Plan {
     pub first: u64,
 }
 
-impl Plan {
+/// A plan still to be written, whose samples are a listing's: [`ListingPlan::write`] turns each
+/// into its line as it goes, so writing a plan of millions of samples holds no second copy of
+/// them (a `Planned` per sample would add ~100 bytes each to the listing's own).
+#[derive(Debug)]
+pub struct ListingPlan<'a> {
+    /// The header, complete.
+    pub header: Header,
+    listing: &'a Listing,
+    stamps: &'a [Option<Stamp>],
+}
+
+impl<'a> ListingPlan<'a> {
     /// A plan of `listing` (already in its final order) with the samples' `stamps`, made from
     /// the tree at `root` with the listing `options`.
     pub fn new(
         root: &Path,
         options: serde_json::Value,
-        listing: &Listing,
-        stamps: &[Option<Stamp>],
-    ) -> Result<Plan> {
+        listing: &'a Listing,
+        stamps: &'a [Option<Stamp>],
+    ) -> Result<ListingPlan<'a>> {
         let root_abs = root.canonicalize().map_err(Error::io(root))?;
         let text = |p: &Path| {
             p.to_str().map(str::to_string).ok_or_else(|| Error::BadSource {
@@ -112,7 +123,7 @@ impl Plan {
                 reason: "a plan needs a source path that is valid UTF-8".into(),
             })
         };
-        let mut plan = Plan::of_listing(listing, stamps);
+        let mut plan = ListingPlan::of_listing(listing, stamps);
         plan.header.root = text(root)?;
         plan.header.root_abs = text(&root_abs)?;
         plan.header.options = options;
@@ -122,18 +133,9 @@ impl Plan {
     /// A plan of `listing` with the samples' `stamps` that names no root and no options: what
     /// a resumable run saves of its listing, to tell later whether the source changed
     /// ([`crate::pack::resume`]). One format for both, so one reader and one writer.
-    pub fn of_listing(listing: &Listing, stamps: &[Option<Stamp>]) -> Plan {
-        let samples: Vec<Planned> = listing
-            .samples
-            .iter()
-            .zip(stamps)
-            .map(|(s, stamp)| {
-                let info = imgpack_reader::SampleInfo::new(&s.rel_path, "");
-                let (size, mtime_ns) = stamp.map_or((0, 0), |s| (s.size, s.mtime_ns));
-                Planned { path: info.path, path_hex: info.path_hex, class: s.class, size, mtime_ns }
-            })
-            .collect();
-        Plan {
+    pub fn of_listing(listing: &'a Listing, stamps: &'a [Option<Stamp>]) -> ListingPlan<'a> {
+        let bytes = stamps.iter().flatten().map(|s| s.size).sum();
+        ListingPlan {
             header: Header {
                 format: FORMAT_NAME.into(),
                 version: PLAN_VERSION,
@@ -144,33 +146,51 @@ impl Plan {
                 classes: listing.classes.clone(),
                 empty_classes: listing.empty_classes.clone(),
                 warnings: listing.warnings.clone(),
-                samples: samples.len() as u64,
-                bytes: samples.iter().map(|s| s.size).sum(),
+                samples: listing.samples.len() as u64,
+                bytes,
             },
-            samples,
-            first: 0,
+            listing,
+            stamps,
         }
     }
 
+    /// Writes the plan to `path` atomically, one sample line at a time.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let lines = self.listing.samples.iter().zip(self.stamps).map(|(s, stamp)| {
+            let info = imgpack_reader::SampleInfo::new(&s.rel_path, "");
+            let (size, mtime_ns) = stamp.map_or((0, 0), |s| (s.size, s.mtime_ns));
+            Planned { path: info.path, path_hex: info.path_hex, class: s.class, size, mtime_ns }
+        });
+        write_plan(path, &self.header, lines)
+    }
+}
+
+/// Writes a plan file atomically (a temporary beside it, synced, then renamed): the header
+/// line, then one line per sample.
+fn write_plan<P: Serialize>(path: &Path, header: &Header, samples: impl Iterator<Item = P>) -> Result<()> {
+    let temp = crate::fs::temp_path(path);
+    let write = || -> std::io::Result<()> {
+        let mut out = zstd::stream::Encoder::new(BufWriter::new(File::create(&temp)?), 3)?;
+        serde_json::to_writer(&mut out, header)?;
+        out.write_all(b"\n")?;
+        for sample in samples {
+            serde_json::to_writer(&mut out, &sample)?;
+            out.write_all(b"\n")?;
+        }
+        let file = out.finish()?.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&temp);
+        return Err(Error::io(path)(e));
+    }
+    std::fs::rename(&temp, path).map_err(Error::io(path))
+}
+
+impl Plan {
     /// Writes the plan to `path` atomically (a temporary beside it, synced, then renamed).
     pub fn write(&self, path: &Path) -> Result<()> {
-        let temp = crate::fs::temp_path(path);
-        let write = || -> std::io::Result<()> {
-            let mut out = zstd::stream::Encoder::new(BufWriter::new(File::create(&temp)?), 3)?;
-            serde_json::to_writer(&mut out, &self.header)?;
-            out.write_all(b"\n")?;
-            for sample in &self.samples {
-                serde_json::to_writer(&mut out, sample)?;
-                out.write_all(b"\n")?;
-            }
-            let file = out.finish()?.into_inner().map_err(|e| e.into_error())?;
-            file.sync_all()
-        };
-        if let Err(e) = write() {
-            let _ = std::fs::remove_file(&temp);
-            return Err(Error::io(path)(e));
-        }
-        std::fs::rename(&temp, path).map_err(Error::io(path))
+        write_plan(path, &self.header, self.samples.iter())
     }
 
     /// Reads the plan at `path`: all of it, or with `part` only that part's samples
@@ -253,14 +273,16 @@ impl Plan {
 
 /// Walks the ImageFolder tree at `root` as `pack root` would — the same walk, order, class
 /// indices, and shuffle with `seed` — and `stat`s every file on `threads` threads.
-/// `progress` counts the files found while the tree is listed.
+/// `progress` counts the files found while the tree is listed. Writes the plan to `out` and
+/// returns its header.
 pub fn make(
     root: &Path,
     extensions: &[String],
     seed: Option<u64>,
     threads: NonZeroUsize,
     progress: &dyn crate::progress::Progress,
-) -> Result<Plan> {
+    out: &Path,
+) -> Result<Header> {
     use rayon::prelude::*;
     crate::source::imagefolder::check_root(root)?;
     let source = crate::source::imagefolder::ImageFolder::new(root, extensions);
@@ -276,7 +298,9 @@ pub fn make(
     let stamps: Vec<Option<Stamp>> =
         pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
     let options = serde_json::json!({"extensions": extensions, "shuffle": seed.is_some(), "seed": seed});
-    Plan::new(root, options, &listing, &stamps)
+    let plan = ListingPlan::new(root, options, &listing, &stamps)?;
+    plan.write(out)?;
+    Ok(plan.header)
 }
 
 /// Whether the file at `path` is a plan: a zstd frame whose first line is a JSON object with

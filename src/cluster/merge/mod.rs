@@ -431,9 +431,8 @@ pub(crate) mod testing {
             None,
             std::num::NonZeroUsize::MIN,
             &crate::progress::Silent,
+            &plan,
         )
-        .unwrap()
-        .write(&plan)
         .unwrap();
         let out = dir.join("out");
         for index in 0..count {
