@@ -114,14 +114,15 @@ impl Input {
                 Ok(vec![input(Access::Pread, What::WebDataset { samples: ds.len(), shards })])
             }
             None => {
-                let listing = ImageFolder::new(path, &DEFAULT_EXTENSIONS).list(&crate::progress::Silent)?;
+                let tree = ImageFolder::new(path, &DEFAULT_EXTENSIONS);
+                let listing = tree.list(&crate::progress::Silent)?;
                 if listing.samples.is_empty() {
                     return Err(Error::BadSource {
                         path: path.to_path_buf(),
                         reason: "no image files in class folders; pass an ImageFolder tree (ROOT/CLASS/IMAGE) or a directory written by `pack`".into(),
                     });
                 }
-                let files = listing.samples.into_iter().map(|s| s.path).collect();
+                let files = listing.samples.iter().map(|s| tree.file(s)).collect();
                 Ok(vec![input(Access::OpenRead, What::Files(Arc::new(files)))])
             }
         }

@@ -329,7 +329,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
                         batch.push(packed_sample(key, sample, &listing.classes, image, crc));
                     }
                     Err(reason) if config.on_error == OnError::Fail => {
-                        return Err(Error::BadSample { path: sample.path.clone(), reason });
+                        return Err(Error::BadSample { path: source.name(sample), reason });
                     }
                     Err(reason) => ledger.record(Outcome::Skipped { position, reason }),
                 }
@@ -390,7 +390,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     report.formats = total.formats.clone();
     report.stored = total.stored.clone();
     report.kept_unchanged = total.kept_unchanged;
-    report.skipped = resume::skipped(&total, &listing.samples);
+    report.skipped = resume::skipped(&total, &listing.samples, &*source);
     report.output = finished.path;
     report.bytes_out = finished.bytes;
     report.warnings.extend(finished.warnings);

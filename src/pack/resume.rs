@@ -29,7 +29,7 @@ use crate::pack::recorded::Run;
 use crate::pack::report::Skipped;
 use crate::pack::staged::Staged;
 use crate::source::plan::{ListingPlan, Plan};
-use crate::source::{Listing, SourceSample, Stamp};
+use crate::source::{Listing, Source, SourceSample, Stamp};
 use crate::{Error, Result};
 
 /// The journal file in the temporary directory.
@@ -200,12 +200,12 @@ fn fold(progress: &mut Progress, outcome: Outcome) {
 }
 
 /// The skipped samples of `progress` with their paths from the listing.
-pub fn skipped(progress: &Progress, samples: &[SourceSample]) -> Vec<Skipped> {
+pub fn skipped(progress: &Progress, samples: &[SourceSample], source: &dyn Source) -> Vec<Skipped> {
     progress
         .skipped
         .iter()
         .map(|(position, reason)| {
-            let path = samples.get(*position as usize).map_or_else(PathBuf::new, |s| s.path.clone());
+            let path = samples.get(*position as usize).map_or_else(PathBuf::new, |s| source.name(s));
             Skipped::new(path, reason.clone())
         })
         .collect()
@@ -285,7 +285,7 @@ mod tests {
     }
 
     fn sample(position: u64, rel: &str, class: u32) -> SourceSample {
-        SourceSample { index: position, path: rel.into(), rel_path: rel.as_bytes().to_vec(), class, size: 0 }
+        SourceSample { index: position, rel_path: rel.as_bytes().to_vec(), class, size: 0 }
     }
 
     fn packed(position: u64) -> Outcome {

@@ -21,13 +21,16 @@ use crate::Result;
 pub struct PackedDataset {
     dataset: std::sync::RwLock<Option<Dataset>>,
     path: PathBuf,
+    /// Its keys' width, to name a sample by its key.
+    key_width: usize,
 }
 
 impl PackedDataset {
     /// Opens the dataset at `path`.
     pub fn open(path: &Path) -> Result<PackedDataset> {
         let dataset = imgpack_reader::open(path)?;
-        Ok(PackedDataset { dataset: std::sync::RwLock::new(Some(dataset)), path: path.to_path_buf() })
+        let key_width = dataset.meta().key_width;
+        Ok(PackedDataset { dataset: std::sync::RwLock::new(Some(dataset)), path: path.to_path_buf(), key_width })
     }
 
     fn with<T>(&self, f: impl FnOnce(&Dataset) -> T) -> T {
@@ -73,8 +76,7 @@ impl Source for PackedDataset {
                     *u = true;
                 }
                 let size = sample.payload().map_or(0, |(_, bytes)| bytes.len() as u64);
-                let path: PathBuf = dataset.path().join(&sample.key);
-                samples.push(SourceSample { index: sample.index, path, rel_path, class, size });
+                samples.push(SourceSample { index: sample.index, rel_path, class, size });
                 Ok(())
             })?;
             let empty_classes =
@@ -87,6 +89,11 @@ impl Source for PackedDataset {
             *guard = Some(dataset.verify_checksums(verify)?);
         }
         Ok(listing)
+    }
+
+    /// `DATASET/KEY`: the sample as stored.
+    fn name(&self, sample: &SourceSample) -> PathBuf {
+        self.path.join(imgpack_reader::key::format_key(sample.index, self.key_width))
     }
 
     /// A published dataset is never rewritten, and its samples are not files of their own:

@@ -130,7 +130,7 @@ impl ImageFolder {
             }
             files.sort_by(|a, b| python_cmp(a, b));
             progress.advance(files.len() as u64);
-            dirs.push(Dir { path: dir, rel, files });
+            dirs.push(Dir { rel, files });
         }
         dirs.sort_by(|a, b| python_cmp(OsStr::from_bytes(&a.rel), OsStr::from_bytes(&b.rel)));
         let class_name = class_dir.file_name().unwrap_or_default().as_bytes();
@@ -138,11 +138,13 @@ impl ImageFolder {
             .into_iter()
             .flat_map(|d| {
                 d.files.into_iter().map(move |name| {
-                    let mut rel_path = class_name.to_vec();
+                    // Exactly as long as it needs: a million of these stay in memory.
+                    let mut rel_path = Vec::with_capacity(class_name.len() + d.rel.len() + 1 + name.len());
+                    rel_path.extend_from_slice(class_name);
                     rel_path.extend_from_slice(&d.rel);
                     rel_path.push(b'/');
                     rel_path.extend_from_slice(name.as_bytes());
-                    SourceSample { index: 0, path: d.path.join(name), rel_path, class, size: 0 }
+                    SourceSample { index: 0, rel_path, class, size: 0 }
                 })
             })
             .collect();
@@ -150,10 +152,9 @@ impl ImageFolder {
     }
 }
 
-/// A directory met during the walk: where it is, its path relative to the class directory
-/// (`""` or `"/sub/deep"`), and the names of its accepted files.
+/// A directory met during the walk: its path relative to the class directory (`""` or
+/// `"/sub/deep"`), and the names of its accepted files.
 struct Dir {
-    path: PathBuf,
     rel: Vec<u8>,
     files: Vec<std::ffi::OsString>,
 }
@@ -210,6 +211,9 @@ impl Source for ImageFolder {
             warnings,
             ..Listing::default()
         };
+        // One allocation of the final size: growing by doubling would hold up to three times the
+        // listing while the last copy is made.
+        listing.samples.reserve_exact(walked.iter().map(|(samples, _)| samples.len()).sum());
         for (i, (samples, warnings)) in walked.into_iter().enumerate() {
             if samples.is_empty() {
                 listing.empty_classes.push(listing.classes[i].clone());
@@ -224,7 +228,11 @@ impl Source for ImageFolder {
     }
 
     fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
-        fs::read(&sample.path)
+        fs::read(self.file(sample))
+    }
+
+    fn name(&self, sample: &SourceSample) -> PathBuf {
+        self.root.join(super::os_path(&sample.rel_path))
     }
 }
 

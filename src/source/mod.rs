@@ -12,12 +12,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// One sample as a source lists it, before its bytes are read.
+///
+/// A listing holds one per file, millions at a time, so it holds nothing a source can derive:
+/// where the file is and how messages name it come from the source ([`Source::name`],
+/// [`Source::file`]) and its relative path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceSample {
     /// Its position in the source, before any shuffle.
     pub index: u64,
-    /// Where it is read from, as named in messages (for a packed dataset, `DATASET/KEY`).
-    pub path: PathBuf,
     /// The path relative to the source root, as raw bytes with `/` separators.
     pub rel_path: Vec<u8>,
     /// Index into the source's class list.
@@ -50,10 +52,14 @@ pub trait Source: Sync {
     /// Reads one sample's bytes.
     fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>>;
 
-    /// The file a sample is read from: by default `sample.path`. A plan names its samples
-    /// under the root as given to `pack plan` and reads them under its absolute root.
-    fn file(&self, sample: &SourceSample) -> std::path::PathBuf {
-        sample.path.clone()
+    /// How messages name a sample: its file under the source root as given (for a packed
+    /// dataset, `DATASET/KEY`).
+    fn name(&self, sample: &SourceSample) -> PathBuf;
+
+    /// The file a sample is read from: by default its [`Source::name`]. A plan names its
+    /// samples under the root as given to `pack plan` and reads them under its absolute root.
+    fn file(&self, sample: &SourceSample) -> PathBuf {
+        self.name(sample)
     }
 
     /// The sample's size and modification time, which `--resume` compares to tell whether the
@@ -61,6 +67,11 @@ pub trait Source: Sync {
     fn stamp(&self, sample: &SourceSample) -> Option<Stamp> {
         Stamp::of(&self.file(sample))
     }
+}
+
+/// Relative path bytes (`/`-separated, as a listing holds them) as a path.
+pub(crate) fn os_path(bytes: &[u8]) -> &Path {
+    Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes))
 }
 
 /// A file's size and modification time, as `stat` says when the run starts. A file that cannot

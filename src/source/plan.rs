@@ -345,11 +345,7 @@ impl Source for PlanSource {
                     path: self.root.clone(),
                     reason: format!("plan sample {i}: {reason}"),
                 })?;
-                // Named as every summary names a file: under the root as given to `pack plan`
-                // (which the metadata records, and `pack merge` names skipped files by), not
-                // under the absolute root the file is read from.
-                let path = Path::new(&self.plan.header.root).join(os_path(&rel_path));
-                Ok(SourceSample { index: i, path, rel_path, class: s.class, size: s.size })
+                Ok(SourceSample { index: i, rel_path, class: s.class, size: s.size })
             })
             .collect::<Result<_>>()?;
         Ok(Listing {
@@ -364,15 +360,19 @@ impl Source for PlanSource {
         std::fs::read(self.file(sample))
     }
 
+    /// Named as every summary names a file: under the root as given to `pack plan` (which the
+    /// metadata records, and `pack merge` names skipped files by), not under the absolute root
+    /// the file is read from.
+    fn name(&self, sample: &SourceSample) -> PathBuf {
+        Path::new(&self.plan.header.root).join(os_path(&sample.rel_path))
+    }
+
     fn file(&self, sample: &SourceSample) -> PathBuf {
         self.root.join(os_path(&sample.rel_path))
     }
 }
 
-/// Relative path bytes as a path.
-fn os_path(bytes: &[u8]) -> &Path {
-    Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes))
-}
+use crate::source::os_path;
 
 /// The exact relative path bytes of a planned sample.
 fn planned_path(sample: &Planned) -> std::result::Result<Vec<u8>, String> {
