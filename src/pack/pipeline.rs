@@ -322,9 +322,9 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
                         ledger.record(Outcome::Packed {
                             position,
                             bytes_in: image.source_bytes,
-                            format: image.kind.to_string(),
+                            format: image.kind,
                             kept: image.kept,
-                            field: image.ext.to_string(),
+                            field: image.ext,
                         });
                         batch.push(packed_sample(key, sample, &listing.classes, image, crc));
                     }

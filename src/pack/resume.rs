@@ -138,8 +138,10 @@ pub struct Ledger {
 /// One source sample's outcome.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// Packed from `bytes_in` source bytes of `format`, stored as `field`.
-    Packed { position: u64, bytes_in: u64, format: String, kept: bool, field: String },
+    /// Packed from `bytes_in` source bytes of `format`, stored as `field`. Both are names from
+    /// a fixed set, not allocated: a WebDataset run keeps every outcome of the shard being
+    /// written until it is synced, 400,000 of them in a 1 GB shard of 1 kB images.
+    Packed { position: u64, bytes_in: u64, format: &'static str, kept: bool, field: &'static str },
     /// Skipped for `reason`.
     Skipped { position: u64, reason: String },
 }
@@ -181,16 +183,28 @@ impl Ledger {
     }
 }
 
+/// One more of `name` in `counts`, allocating the key only the first time.
+fn count(counts: &mut BTreeMap<String, u64>, name: &str) {
+    match counts.get_mut(name) {
+        Some(n) => *n += 1,
+        None => {
+            counts.insert(name.to_string(), 1);
+        }
+    }
+}
+
 fn fold(progress: &mut Progress, outcome: Outcome) {
     match outcome {
         Outcome::Packed { position, bytes_in, format, kept, field } => {
             progress.position = position + 1;
             progress.packed += 1;
             progress.bytes_in += bytes_in;
-            *progress.formats.entry(format).or_default() += 1;
+            count(&mut progress.formats, format);
             progress.kept_unchanged += u64::from(kept);
-            *progress.stored.entry(field.clone()).or_default() += 1;
-            progress.fields.insert(field);
+            count(&mut progress.stored, field);
+            if !progress.fields.contains(field) {
+                progress.fields.insert(field.to_string());
+            }
         }
         Outcome::Skipped { position, reason } => {
             progress.position = position + 1;
@@ -289,7 +303,7 @@ mod tests {
     }
 
     fn packed(position: u64) -> Outcome {
-        Outcome::Packed { position, bytes_in: 10, format: "jpg".into(), kept: false, field: "jpg".into() }
+        Outcome::Packed { position, bytes_in: 10, format: "jpg", kept: false, field: "jpg" }
     }
 
     #[test]
