@@ -9,8 +9,8 @@ of 100,000 to 1,000,000 small files: does anything grow per sample?
 1. Makes (once, cached under --work) an ImageFolder tree per size with 1,000 classes of small
    JPEGs (~1 kB, 32x32, each file its own pixels, so every file is a distinct valid image).
    File names are 20-odd bytes, like ImageNet's (`n01440764_10026.JPEG` is 20).
-2. Runs each command under `/usr/bin/time -v` (peak RSS = "Maximum resident set size") with
-   `-q --json`, outputs deleted and `sync` run between runs, warm cache (the tree is read once
+2. Runs each command, and `tar -cf + sync` of the same tree (the file system's own cost per
+   file), under `/usr/bin/time -v` (peak RSS = "Maximum resident set size") with `-q --json`, outputs deleted and `sync` run between runs, warm cache (the tree is read once
    first), --rounds rounds each, alternating commands.
 3. Prints a Markdown table: per size and command, median wall s, µs per file, peak RSS MB, and
    the RSS slope between the smallest and largest size in bytes per file — what a 10 M-file tree
@@ -104,6 +104,8 @@ def main() -> None:
             "pack --to lmdb": [pack, str(tree), "--to", "lmdb", "-o", str(out / "t.lmdb"), "--overwrite", "-q", "--json"],
             "pack --to webdataset": [pack, str(tree), "--to", "webdataset", "-o", str(out / "t.wds"), "--shuffle",
                                      "--overwrite", "-q", "--json"],
+            # The file system's own cost per file: does it grow with the tree too?
+            "tar -cf + sync": ["bash", "-c", 'tar -cf "$1" -C "$2" . && sync "$1"', "bash", str(out / "t.tar"), str(tree)],
         }
         for r in range(args.rounds):
             for name, argv in commands.items():
@@ -111,10 +113,11 @@ def main() -> None:
                 out.mkdir(parents=True)
                 subprocess.run(["sync"], check=True)
                 result = timed(argv)
-                summary = json.loads(result["stdout"].strip().splitlines()[-1])
-                got = summary.get("samples", summary.get("packed"))
-                if got != size - size % args.classes:
-                    raise SystemExit(f"{name} on {size}: {got} samples: {summary}")
+                if name.startswith("pack"):
+                    summary = json.loads(result["stdout"].strip().splitlines()[-1])
+                    got = summary.get("samples", summary.get("packed"))
+                    if got != size - size % args.classes:
+                        raise SystemExit(f"{name} on {size}: {got} samples: {summary}")
                 del result["stdout"]
                 results.setdefault((size, name), []).append(result)
                 print(f"  {size:>9,} {name:<22} round {r + 1}: {result['wall']:.2f} s, {result['rss_mb']:.0f} MB", flush=True)
@@ -131,7 +134,7 @@ def main() -> None:
     lo, hi = min(sizes), max(sizes)
     if lo != hi:
         print()
-        for name in ("pack plan", "pack --to lmdb", "pack --to webdataset"):
+        for name in ("pack plan", "pack --to lmdb", "pack --to webdataset", "tar -cf + sync"):
             a, b = results[(lo, name)], results[(hi, name)]
             rss_a, rss_b = max(r["rss_mb"] for r in a), max(r["rss_mb"] for r in b)
             per_file = (rss_b - rss_a) * 2**20 / (hi - lo)
@@ -140,6 +143,8 @@ def main() -> None:
             at_10m = rss_b + per_file * (10_000_000 - hi) / 2**20
             print(f"{name}: RSS slope {per_file:.0f} B per file (10 M files: ~{at_10m:.0f} MB); "
                   f"{us_a:.1f} -> {us_b:.1f} µs per file")
+            if not name.startswith("pack"):
+                continue
             ok_rss = rss_b <= RSS_LIMIT_MB
             ok_flat = us_b <= us_a * FLAT_LIMIT
             print(f"  {'PASS' if ok_rss else 'FAIL'}: peak RSS {rss_b:.0f} MB at {hi:,} files (<= {RSS_LIMIT_MB:.0f})")

@@ -17,6 +17,11 @@ See benches/README.md for what it measures and how to read the results. In short
      tar     : bash -c 'tar -cf OUT/tar.tar -C TREE . && sync OUT/tar.tar'
      py-lmdb : PYTHON benches/py_lmdb_pack.py TREE OUT/py.lmdb
      py-wds  : PYTHON benches/py_wds_pack.py TREE OUT/py.wds   (webdataset.ShardWriter + fsync)
+     litdata : PEERS_PYTHON benches/py_litdata_pack.py TREE OUT/lit   (litdata optimize(), 2 workers, raw bytes)
+     mds     : PEERS_PYTHON benches/py_mds_pack.py TREE OUT/mds       (MosaicML MDSWriter, raw bytes)
+   litdata and mds run in their own venv (--peers-python; benches/requirements-peers.txt), as
+   mosaicml-streaming pins a numpy the interop venv does not have. They are left out of the
+   default set when that venv is missing.
    Outputs are deleted and `sync` is run between runs, outside the timed region. Wall time is
    measured around fork/exec/wait, peak RSS comes from os.wait4's rusage (for tar, that is the
    largest of bash, tar and sync).
@@ -64,7 +69,7 @@ WDS_SHARD_SIZE = 1_000_000_000  # --shard-size 1GB, and py_wds_pack.py's ShardWr
 # 2 (jpg, cls), each also preceded by a PAX header (512 + 512 bytes) for its fractional mtime.
 PACK_WDS_MAX_OVERHEAD = 3 * 1024
 PY_WDS_MAX_OVERHEAD = 2 * 2048
-COMMANDS = ("pack", "pack-wds", "pack-wds-md5", "tar", "py-lmdb", "py-wds")
+COMMANDS = ("pack", "pack-wds", "pack-wds-md5", "tar", "py-lmdb", "py-wds", "litdata", "mds")
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 1e6  # all "MB" in this benchmark are 10^6 bytes
@@ -383,6 +388,16 @@ def make_commands(args, tree: Path, out: Path) -> dict[str, dict]:
             "argv": [str(args.python), str(HERE / "py_wds_pack.py"), str(tree), str(py_wds_out)],
             "outputs": [py_wds_out],
         },
+        "litdata": {
+            "label": "litdata optimize() (benches/py_litdata_pack.py)",
+            "argv": [str(args.peers_python), str(HERE / "py_litdata_pack.py"), str(tree), str(out / "lit")],
+            "outputs": [out / "lit"],
+        },
+        "mds": {
+            "label": "MosaicML MDSWriter (benches/py_mds_pack.py)",
+            "argv": [str(args.peers_python), str(HERE / "py_mds_pack.py"), str(tree), str(out / "mds")],
+            "outputs": [out / "mds"],
+        },
     }
 
 
@@ -472,6 +487,12 @@ def check_output(name: str, result: dict, cmd: dict, n_files: int, tree_bytes: i
             return problem
         result["shards"] = len(shards)
         result["output_bytes"] = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+    elif name in ("litdata", "mds"):
+        out = cmd["outputs"][0]
+        files = [p for p in out.rglob("*") if p.is_file()]
+        result["output_bytes"] = sum(p.stat().st_size for p in files)
+        if result["output_bytes"] < tree_bytes:
+            return f"{out} holds {result['output_bytes']} bytes, less than the tree's {tree_bytes}"
     elif name == "tar":
         size = cmd["outputs"][0].stat().st_size
         result["output_bytes"] = size
@@ -615,6 +636,10 @@ def machine_description() -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def default_peers_python() -> str:
+    return str(Path.home() / ".cache/imgpack-peers-venv/bin/python")
+
+
 def default_python() -> str:
     venv = Path.home() / ".cache/imgpack-venv/bin/python"
     return str(venv) if venv.exists() else sys.executable
@@ -638,6 +663,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=20240601, help="generator seed [default: %(default)s]")
     p.add_argument("--jobs", type=int, default=2, help="processes used to generate the tree [default: %(default)s]")
     p.add_argument("--pack", type=Path, default=REPO / "target/release/pack", help="the pack binary [default: target/release/pack in the repository]")
+    p.add_argument("--peers-python", default=default_peers_python(),
+                   help="python of the venv with litdata and mosaicml-streaming [default: %(default)s]")
     p.add_argument("--python", default=default_python(),
                    help="python with py-lmdb and webdataset, for the py-lmdb and py-wds baselines [default: %(default)s]")
     p.add_argument("--only", default=",".join(COMMANDS),
@@ -693,6 +720,11 @@ def main() -> int:
 
     commands = make_commands(args, tree, out)
     order = [n.strip() for n in args.only.split(",") if n.strip()]
+    if not Path(args.peers_python).exists():
+        missing = [n for n in order if n in ("litdata", "mds")]
+        if missing and args.only != ",".join(COMMANDS):
+            sys.exit(f"error: {args.peers_python} does not exist; see benches/requirements-peers.txt")
+        order = [n for n in order if n not in missing]
     unknown = set(order) - set(commands)
     if unknown:
         sys.exit(f"error: --only: unknown command(s) {sorted(unknown)}")
