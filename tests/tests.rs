@@ -11,6 +11,7 @@ mod completions;
 mod convert;
 mod determinism;
 mod hostile;
+mod io_concurrency;
 mod lmdb_roundtrip;
 mod parts;
 mod plan;

@@ -76,8 +76,11 @@ pub struct PackConfig {
     pub output: PathBuf,
     /// The output format.
     pub format: OutputFormat,
-    /// Worker threads for reading and checking files.
+    /// Worker threads for checking and transcoding images: CPU work, one per core by default.
     pub threads: NonZeroUsize,
+    /// Files read at once, ahead of the workers (`--io-threads`): reads wait on storage, not on
+    /// the CPU, so there are more of them than cores ([`default_io_threads`]).
+    pub io_threads: NonZeroUsize,
     /// `Some(seed)` to permute the samples deterministically.
     pub shuffle: Option<u64>,
     /// Accepted file extensions, lower case, without the dot.
@@ -105,6 +108,7 @@ impl PackConfig {
             output: output.into(),
             format,
             threads: all_cores(),
+            io_threads: default_io_threads(),
             shuffle: None,
             extensions: DEFAULT_EXTENSIONS.iter().map(|e| e.to_string()).collect(),
             on_error: OnError::Skip,
@@ -173,8 +177,8 @@ impl PackConfig {
         Ok(())
     }
 
-    /// The options that shape the output, as recorded in the dataset metadata. Thread count is
-    /// left out on purpose: it does not change a byte of the output.
+    /// The options that shape the output, as recorded in the dataset metadata. Thread counts are
+    /// left out on purpose: they do not change a byte of the output.
     pub fn recorded_options(&self) -> Options {
         let webdataset = match &self.format {
             OutputFormat::WebDataset { prefix, limits, md5 } => {
@@ -213,6 +217,15 @@ fn absolute(path: &std::path::Path) -> Option<PathBuf> {
 /// One worker thread per core this process may use: the default of every `--threads`.
 pub fn all_cores() -> NonZeroUsize {
     std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
+}
+
+/// The default `--io-threads`: 32 reads in flight, or 4 per core on a machine with more than 8.
+/// A read that waits on NFS, Lustre or a disk costs a sleeping thread, not a core; benches/
+/// slow_source.py measured the choice (README, "Packing from slow storage").
+pub fn default_io_threads() -> NonZeroUsize {
+    all_cores()
+        .saturating_mul(NonZeroUsize::new(4).expect("4 > 0"))
+        .max(NonZeroUsize::new(32).expect("32 > 0"))
 }
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! `pack SRC --to FORMAT`: the run from a source to a published output.
 //!
-//! [`config`] says what to do, [`pipeline`] lists, transcodes and writes the samples in order,
+//! [`config`] says what to do, [`pipeline`] lists, transcodes and writes the samples in order
+//! (reading them ahead with [`readahead`]),
 //! [`staged`] publishes the output atomically, [`resume`] checkpoints an interrupted run and
 //! continues it, and [`report`] is what the run tells the user.
 
 pub mod config;
 pub mod pipeline;
+pub mod readahead;
 pub mod recorded;
 pub mod report;
 pub mod resume;

@@ -1,12 +1,19 @@
-//! The packing pipeline: list, load and check in parallel, write in order, publish.
+//! The packing pipeline: list, read ahead, check in parallel, write in order, publish.
 //!
 //! Samples are listed once and cut into chunks of about 32 MiB (sizes are learnt as
-//! files are read, since listing does not `stat` them). A loader thread reads and checks each
-//! chunk on the worker pool (`--threads`) and hands it over a channel that holds at most one
-//! chunk; the calling thread writes chunks in order to the sink. So the
-//! disk is read and written at the same time, the output is the same whatever the thread count,
-//! and at most three chunks (one loading, one queued, one writing) are in memory at once,
-//! whatever the dataset size.
+//! files are read, since listing does not `stat` them). Three stages run at once:
+//!
+//! * the readers (`--io-threads`, [`crate::pack::readahead`]) read the files in listing order,
+//!   many at a time, ahead of the CPU work and within a 32 MiB budget: on NFS, Lustre or a disk
+//!   each read waits milliseconds, and that wait is spent on other reads, not on idle cores;
+//! * a loader thread takes each chunk's bytes in order, checks and transcodes them on the worker
+//!   pool (`--threads`, one per core: CPU work) and hands the chunk over a channel that holds at
+//!   most one;
+//! * the calling thread writes chunks in order to the sink.
+//!
+//! So the source is read and the output written at the same time, the output is the same
+//! whatever the thread counts, and at most the readahead's budget plus three chunks (one
+//! loading, one queued, one writing) are in memory at once, whatever the dataset size.
 
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -20,6 +27,7 @@ use rayon::prelude::*;
 
 use crate::cluster::part::PartRun;
 use crate::pack::config::{OnError, OutputFormat, PackConfig, SourceKind};
+use crate::pack::readahead::Readahead;
 use crate::pack::recorded::{Run, RunPart};
 use crate::pack::report::Report;
 use crate::pack::resume::{self, Journal, Ledger, Outcome};
@@ -207,8 +215,19 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
             return Ok(report);
         }
     }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(config.threads.get())
+        .thread_name(|i| format!("imgpack-load-{i}"))
+        .build()
+        .map_err(|e| Error::Threads { threads: config.threads.get(), reason: e.to_string() })?;
+    // Listing and `stat`ing wait on the file system, like reading: on the readers' count.
+    let io_pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(config.io_threads.get())
+        .thread_name(|i| format!("imgpack-stat-{i}"))
+        .build()
+        .map_err(|e| Error::Threads { threads: config.io_threads.get(), reason: e.to_string() })?;
     bar.message("listing samples");
-    let mut listing = source.list(bar)?;
+    let mut listing = io_pool.install(|| source.list(bar))?;
     // A part may be empty (more parts than samples); it still says so to `pack merge`.
     if listing.samples.is_empty() && part.is_none() {
         let reason = if source_kind == "imagefolder" {
@@ -230,11 +249,6 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     let first_key = part.as_ref().map_or(0, |p| p.first);
     let width = key_width(part.as_ref().map_or(found, |p| p.plan_samples));
     bar.length(found);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(config.threads.get())
-        .thread_name(|i| format!("imgpack-load-{i}"))
-        .build()
-        .map_err(|e| Error::Threads { threads: config.threads.get(), reason: e.to_string() })?;
 
     let mut report = Report {
         kind: "summary",
@@ -260,7 +274,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         _ => {
             bar.message("checking the source");
             let stamps: Vec<Option<Stamp>> =
-                pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
+                io_pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
             // The stamps give the source size an ImageFolder listing does not: a better first
             // LMDB map size.
             let stamped: u64 = stamps.iter().flatten().map(|s| s.size).sum();
@@ -284,17 +298,45 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     let start = usize::try_from(ledger.total().position).unwrap_or(usize::MAX).min(listing.samples.len());
     let mut chunker = Chunker::with_budget(config.checkpoint_bytes);
     let (tx, rx) = mpsc::sync_channel::<Vec<Result<(Image, u32), String>>>(1);
+    // Read ahead at most a chunk's budget: 32 MiB, less when asked to checkpoint more often, so
+    // such a run also reads little past the sample it will stop at.
+    let readahead = Readahead::new(start..listing.samples.len(), chunker.budget);
     let written = std::thread::scope(|scope| -> Result<()> {
         let samples = &listing.samples;
         let source = &*source;
         let transcoder = &config.transcoder;
+        let readahead = &readahead;
+        let count = config.io_threads.get().min(samples.len().saturating_sub(start)).max(1);
+        let readers = (0..count).map(|i| {
+            std::thread::Builder::new().name(format!("imgpack-read-{i}")).spawn_scoped(scope, move || {
+                readahead.serve(|index| {
+                    let read = read(source, &samples[index], unpacking);
+                    let bytes = read.as_ref().map_or(0, |b| b.len() as u64);
+                    (read, bytes)
+                })
+            })
+        });
+        let readers = match readers.collect::<std::io::Result<Vec<_>>>() {
+            Ok(readers) => readers,
+            Err(e) => {
+                readahead.stop(); // the readers that did start return, and the scope can end
+                return Err(Error::Threads { threads: config.io_threads.get(), reason: e.to_string() });
+            }
+        };
         let loader = scope.spawn(move || {
+            // However the loader ends (done, interrupted, the writer gone), the readers stop.
+            let _stop = StopOnDrop(readahead);
             let mut next = start;
             while next < samples.len() && !crate::interrupt::requested() {
                 let range = next..(next + chunker.next_len()).min(samples.len());
                 next = range.end;
+                let read: Vec<Result<Vec<u8>, String>> = range
+                    .map(|i| readahead.take(i).expect("a reader thread stopped on an internal error"))
+                    .collect();
                 let loaded: Vec<Result<(Image, u32), String>> = pool.install(|| {
-                    samples[range].par_iter().map(|s| load(source, transcoder, s, unpacking)).collect()
+                    read.into_par_iter()
+                        .map(|r| r.and_then(|b| transform(transcoder, b, unpacking)))
+                        .collect()
                 });
                 chunker.observe(&loaded);
                 if tx.send(loaded).is_err() {
@@ -343,7 +385,13 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         }
         // A loader that panicked closed the channel as if it were done: say so instead of
         // publishing a short output. (The panic hook has printed where it happened.)
-        loader.join().map_err(|_| Error::Panicked { path: config.source.clone(), thread: "loader".into() })
+        let loaded = loader.join();
+        let panicked = |thread: &str| Error::Panicked { path: config.source.clone(), thread: thread.into() };
+        // A reader that panicked made the loader panic too: name the reader.
+        for reader in readers {
+            reader.join().map_err(|_| panicked("reader"))?;
+        }
+        loaded.map_err(|_| panicked("loader"))
     });
     if crate::interrupt::requested() {
         // Never publish what an interrupted run wrote. An unpacked tree has no checkpoints:
@@ -497,19 +545,23 @@ fn part_skipped(part: &PartInfo, total: &resume::Progress, samples: &[SourceSamp
         .collect()
 }
 
-/// Reads and checks one sample, and computes the CRC-32 of its stored bytes here, on the worker
-/// threads, rather than on the one writer thread; the error is the reason it is skipped. When
-/// unpacking to a tree, a sample whose recorded path would land outside the tree is refused here.
-fn load(
-    source: &dyn Source,
-    transcoder: &Transcoder,
-    sample: &SourceSample,
-    unpacking: bool,
-) -> Result<(Image, u32), String> {
+/// Stops a [`Readahead`] when dropped.
+struct StopOnDrop<'a, T>(&'a Readahead<T>);
+
+impl<T> Drop for StopOnDrop<'_, T> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// Reads one sample's bytes, on a reader thread; the error is the reason it is skipped. When
+/// unpacking to a tree, a sample whose recorded path would land outside the tree is refused here,
+/// before it is read.
+fn read(source: &dyn Source, sample: &SourceSample, unpacking: bool) -> Result<Vec<u8>, String> {
     if unpacking {
         safe_relative(&sample.rel_path)?;
     }
-    let bytes = source.load(sample).map_err(|e| {
+    source.load(sample).map_err(|e| {
         let dangling = source.file(sample).symlink_metadata().is_ok_and(|m| m.file_type().is_symlink())
             && e.kind() == std::io::ErrorKind::NotFound;
         if dangling {
@@ -519,7 +571,13 @@ fn load(
         } else {
             format!("cannot read: {e}")
         }
-    })?;
+    })
+}
+
+/// Checks (and transcodes) one sample's bytes, and computes the CRC-32 of its stored bytes here,
+/// on the worker threads, rather than on the one writer thread; the error is the reason it is
+/// skipped.
+fn transform(transcoder: &Transcoder, bytes: Vec<u8>, unpacking: bool) -> Result<(Image, u32), String> {
     let image = transcoder.apply(bytes)?;
     if unpacking && ImageFormat::from_extension(image.ext).is_none() {
         return Err(format!(

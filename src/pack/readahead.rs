@@ -1,0 +1,317 @@
+//! The I/O stage: files are read ahead of the CPU work, many at once, within a byte budget.
+//!
+//! On NFS, Lustre or a disk every `open` and `read` waits milliseconds while the CPU idles, so
+//! the number of reads in flight, not the number of cores, sets the speed there. A [`Readahead`]
+//! is served by its own threads (`--io-threads`), which claim the listed samples in order and
+//! read them, while the `--threads` pool checks and transcodes what has been read. The consumer
+//! [`take`](Readahead::take)s the samples in order; whatever order the reads finish in, the
+//! output is the same.
+//!
+//! Memory stays bounded: a reader starts another read only while the bytes read and not yet
+//! taken, plus the reads in flight at the average size read so far, stay within the budget
+//! (before any read has finished, one read at a time). With samples of one size, what the stage
+//! holds never exceeds the larger of the budget and one sample.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+/// Reads the samples of a range ahead of their consumer, by any number of threads calling
+/// [`serve`](Readahead::serve).
+#[derive(Debug)]
+pub struct Readahead<T> {
+    state: Mutex<State<T>>,
+    /// Signalled when a read finishes (for the consumer) ...
+    read: Condvar,
+    /// ... and when the budget allows another read (for one reader, which passes it on).
+    room: Condvar,
+    budget: u64,
+}
+
+#[derive(Debug)]
+struct State<T> {
+    /// The next index to claim, and the end of the range.
+    next: usize,
+    end: usize,
+    /// Read and not yet taken: the item and its size in bytes.
+    ready: HashMap<usize, (T, u64)>,
+    /// Bytes in `ready`.
+    buffered: u64,
+    /// Reads claimed and not finished.
+    in_flight: u64,
+    /// Reads finished and the bytes they gave, for the average size.
+    finished: u64,
+    finished_bytes: u64,
+    /// No more reads are started (the consumer is done, or stopped early).
+    stopped: bool,
+    /// A reader panicked: the item it was reading will never come.
+    failed: bool,
+}
+
+impl<T> Readahead<T> {
+    /// A readahead of `range`, holding about `budget` bytes at most.
+    pub fn new(range: Range<usize>, budget: u64) -> Readahead<T> {
+        Readahead {
+            state: Mutex::new(State {
+                next: range.start,
+                end: range.end.max(range.start),
+                ready: HashMap::new(),
+                buffered: 0,
+                in_flight: 0,
+                finished: 0,
+                finished_bytes: 0,
+                stopped: false,
+                failed: false,
+            }),
+            read: Condvar::new(),
+            room: Condvar::new(),
+            budget,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads samples until the range is done or [`stop`](Readahead::stop) is called: claims the
+    /// next index when the budget allows, `read`s it (returning the item and its size in bytes)
+    /// and hands it to [`take`](Readahead::take). Call it from each reader thread.
+    ///
+    /// A reader waiting for room is woken only when there is room, and one at a time (the one
+    /// woken wakes the next if there is room for more): with dozens of readers, a consumer that
+    /// takes one sample does not wake them all.
+    pub fn serve(&self, read: impl Fn(usize) -> (T, u64)) {
+        // A panicking `read` must not leave the consumer waiting for an item that never comes.
+        struct Failed<'a, T>(&'a Readahead<T>);
+        impl<T> Drop for Failed<'_, T> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.lock().failed = true;
+                    self.0.read.notify_all();
+                }
+            }
+        }
+        let _failed = Failed(self);
+        loop {
+            let index = {
+                let mut state = self.lock();
+                loop {
+                    if state.stopped || state.next >= state.end {
+                        return;
+                    }
+                    if state.may_start(self.budget) {
+                        break;
+                    }
+                    state = self.room.wait(state).unwrap_or_else(|e| e.into_inner());
+                }
+                state.next += 1;
+                state.in_flight += 1;
+                if state.next >= state.end {
+                    self.room.notify_all(); // nothing left: every reader may return
+                } else if state.may_start(self.budget) {
+                    self.room.notify_one();
+                }
+                state.next - 1
+            };
+            let (item, bytes) = read(index);
+            let mut state = self.lock();
+            state.in_flight -= 1;
+            state.finished += 1;
+            state.finished_bytes += bytes;
+            state.buffered += bytes;
+            state.ready.insert(index, (item, bytes));
+            if state.may_start(self.budget) {
+                self.room.notify_one();
+            }
+            drop(state);
+            self.read.notify_all();
+        }
+    }
+
+    /// The item at `index`, waiting until it has been read; `None` if a reader panicked before
+    /// reading it. Each index of the range is taken once, in any order.
+    pub fn take(&self, index: usize) -> Option<T> {
+        let mut state = self.lock();
+        loop {
+            if let Some((item, bytes)) = state.ready.remove(&index) {
+                state.buffered -= bytes;
+                if state.may_start(self.budget) {
+                    self.room.notify_one();
+                }
+                return Some(item);
+            }
+            if state.failed {
+                return None;
+            }
+            state = self.read.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Starts no more reads: the readers return once their reads in flight end.
+    pub fn stop(&self) {
+        self.lock().stopped = true;
+        self.room.notify_all();
+        self.read.notify_all();
+    }
+
+    /// Waits until no read is in flight and none can start: the readers are all waiting for the
+    /// consumer (or done).
+    #[cfg(test)]
+    fn wait_idle(&self) {
+        let mut state = self.lock();
+        while state.in_flight > 0
+            || (!state.stopped && state.next < state.end && state.may_start(self.budget))
+        {
+            state = self.read.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl<T> State<T> {
+    /// Whether one more read fits the budget: the bytes held plus the reads in flight (this one
+    /// included) at the average size read so far. Before any read has finished the size is
+    /// unknown, so one read at a time; with nothing held, a read always starts.
+    fn may_start(&self, budget: u64) -> bool {
+        if self.buffered == 0 && self.in_flight == 0 {
+            return true;
+        }
+        if self.finished == 0 {
+            return false;
+        }
+        let average = self.finished_bytes.div_ceil(self.finished);
+        self.buffered + (self.in_flight + 1) * average <= budget
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A source of `n` samples of `size` bytes that counts its reads and the bytes it has handed
+    /// out and that are not yet taken back (`held`, with its peak).
+    struct Counted {
+        size: u64,
+        reads: AtomicU64,
+        held: AtomicU64,
+        peak: AtomicU64,
+    }
+
+    impl Counted {
+        fn new(size: u64) -> Counted {
+            Counted { size, reads: AtomicU64::new(0), held: AtomicU64::new(0), peak: AtomicU64::new(0) }
+        }
+
+        fn read(&self, i: usize) -> (Vec<u8>, u64) {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let held = self.held.fetch_add(self.size, Ordering::SeqCst) + self.size;
+            self.peak.fetch_max(held, Ordering::SeqCst);
+            (vec![i as u8; self.size as usize], self.size)
+        }
+
+        fn take(&self, readahead: &Readahead<Vec<u8>>, i: usize) -> Vec<u8> {
+            let item = readahead.take(i).expect("no reader failed");
+            self.held.fetch_sub(self.size, Ordering::SeqCst);
+            item
+        }
+
+        fn reads(&self) -> u64 {
+            self.reads.load(Ordering::SeqCst)
+        }
+    }
+
+    /// Runs `readers` threads serving `0..n` from `source` while `consume` takes from them.
+    fn with_readers<R>(
+        source: &Counted,
+        n: usize,
+        budget: u64,
+        readers: usize,
+        consume: impl FnOnce(&Readahead<Vec<u8>>) -> R,
+    ) -> R {
+        let readahead = Readahead::new(0..n, budget);
+        std::thread::scope(|scope| {
+            for _ in 0..readers {
+                scope.spawn(|| readahead.serve(|i| source.read(i)));
+            }
+            let result = consume(&readahead);
+            readahead.stop();
+            result
+        })
+    }
+
+    #[test]
+    fn items_come_back_in_order_whatever_the_readers() {
+        for readers in [1, 3, 16] {
+            let source = Counted::new(10);
+            let taken: Vec<u8> = with_readers(&source, 200, 100, readers, |readahead| {
+                (0..200).map(|i| source.take(readahead, i)[0]).collect()
+            });
+            assert_eq!(taken, (0..200).map(|i| i as u8).collect::<Vec<_>>(), "{readers} readers");
+            assert_eq!(source.reads(), 200, "each sample read once");
+        }
+    }
+
+    #[test]
+    fn the_stage_holds_no_more_than_its_budget() {
+        // 16 readers, samples of 1,000 bytes, a budget of 10,000 bytes.
+        let source = Counted::new(1000);
+        with_readers(&source, 1000, 10_000, 16, |readahead| {
+            // Nothing taken: the readers stop once the budget is full, whatever their number.
+            readahead.wait_idle();
+            assert_eq!(source.reads(), 10, "read ahead exactly what the budget holds");
+            // Taking one makes room for exactly one more.
+            assert_eq!(source.take(readahead, 0)[0], 0);
+            readahead.wait_idle();
+            assert_eq!(source.reads(), 11);
+            for i in 1..1000 {
+                assert_eq!(source.take(readahead, i)[0], i as u8);
+            }
+        });
+        // Counted from outside, a read may start just before the consumer has counted the
+        // sample it took as given back: one sample of slack.
+        let peak = source.peak.load(Ordering::SeqCst);
+        assert!(peak <= 10_000 + 1000, "held {peak} bytes at once with a budget of 10,000");
+    }
+
+    #[test]
+    fn a_sample_larger_than_the_budget_is_read_alone() {
+        let source = Counted::new(1 << 20);
+        with_readers(&source, 5, 1000, 8, |readahead| {
+            for i in 0..5 {
+                readahead.wait_idle();
+                assert_eq!(source.reads(), i as u64 + 1, "one at a time");
+                assert_eq!(source.take(readahead, i).len(), 1 << 20);
+            }
+        });
+        assert_eq!(source.peak.load(Ordering::SeqCst), 1 << 20, "never two at once");
+    }
+
+    #[test]
+    fn stop_ends_the_readers_before_the_range_does() {
+        let source = Counted::new(1);
+        with_readers(&source, 1_000_000, 100, 4, |readahead| {
+            assert_eq!(source.take(readahead, 0), [0]);
+            readahead.stop();
+        });
+        // The scope has joined the readers: they returned long before a million reads.
+        assert!(source.reads() <= 101 + 4, "{} reads", source.reads());
+    }
+
+    #[test]
+    fn a_reader_that_panics_does_not_leave_the_consumer_waiting() {
+        let readahead = Readahead::<u64>::new(0..10, 1000);
+        std::thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                readahead.serve(|i| {
+                    assert!(i != 3, "reader fails on 3");
+                    (i as u64, 1)
+                })
+            });
+            for i in 0..3 {
+                assert_eq!(readahead.take(i), Some(i as u64));
+            }
+            assert_eq!(readahead.take(3), None);
+            assert!(reader.join().is_err());
+        });
+    }
+}
