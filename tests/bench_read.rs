@@ -119,7 +119,19 @@ fn measures_every_format_in_one_run_with_exact_byte_counts() {
         assert!(m["samples_per_s"].as_f64().unwrap() > 0.0);
         assert!(m["resident_before"].as_f64().unwrap() > 0.95, "warm-up leaves the files cached: {m}");
         assert!(!m["device"]["filesystem"].as_str().unwrap().is_empty());
+        // The memory floor: the same reads summing copies, summarised like the reads, and the
+        // ratio the table prints. Nothing about speed: only that it is there and consistent.
+        let floor = &m["floor_us"];
+        let (f50, f99, fmax) =
+            (floor["p50"].as_f64().unwrap(), floor["p99"].as_f64().unwrap(), floor["max"].as_f64().unwrap());
+        assert!(0.0 < f50 && f50 <= f99 && f99 <= fmax, "{floor}");
+        assert!(floor["mean"].as_f64().unwrap() > 0.0, "{floor}");
+        let x = m["x_floor"].as_f64().unwrap();
+        assert!((x - p50 / f50).abs() <= 1e-9 * x, "x_floor {x} is not p50 {p50} / floor p50 {f50}");
+        // Every sample fits in the copies here, so no read went without a floor.
+        assert!(!m["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("floor")), "{m}");
     }
+    assert!(stdout.contains("×floor") && stdout.contains("floor µs"), "{stdout}");
     let svg = fs::read_to_string(&svg).unwrap();
     assert!(svg.contains("<svg") && svg.contains("t.lmdb"), "plot names the datasets");
 }
@@ -174,10 +186,46 @@ fn compare_reads_json_from_several_runs() {
     assert_eq!(rows.len(), 2, "one row per thread level:\n{stdout}");
     // The 2-thread row has a cell only in the second run.
     assert!(rows[1].split_whitespace().any(|w| w == "-"), "{stdout}");
+    // Each cell ends with the ratio to the memory floor.
+    assert!(stdout.contains("×floor"), "{stdout}");
+    let ratio = rows[0].rsplit(" | ").next().unwrap().trim();
+    assert!(ratio.parse::<f64>().unwrap() > 0.0, "{stdout}");
     // --compare output is itself valid input for --plot.
     let svg = dir.join("cmp.svg");
     pack(&[&"bench-read", &"--compare", &a, &b, &"--plot", &svg]).assert().success();
     assert!(fs::read_to_string(svg).unwrap().contains("<svg"));
+}
+
+#[test]
+fn compare_reads_files_saved_before_the_memory_floor() {
+    let p = packed();
+    let dir = p.tree.parent().unwrap();
+    let (old, new) = (dir.join("old.json"), dir.join("new.json"));
+    pack(&[&"bench-read", &p.lmdb, &"--threads", &"1", &"--samples", &"10", &"--save", &new, &"-q"])
+        .assert()
+        .success();
+    // The same run as an older `pack` wrote it: no floor fields.
+    let stripped: String = read_jsonl(&new)
+        .into_iter()
+        .map(|mut m| {
+            let object = m.as_object_mut().unwrap();
+            assert!(object.remove("floor_us").is_some() && object.remove("x_floor").is_some());
+            format!("{m}\n")
+        })
+        .collect();
+    fs::write(&old, stripped).unwrap();
+    let out = pack(&[&"bench-read", &"--compare", &old, &new]).assert().success();
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    let row = stdout.lines().find(|l| l.starts_with("t.lmdb, lmdb (reader)")).unwrap();
+    let cells: Vec<&str> = row.split(" | ").collect();
+    assert_eq!(cells.len(), 7, "two cells of four figures: {row}");
+    assert_eq!(cells[3].split_whitespace().next(), Some("-"), "no ratio for the old file: {row}");
+    assert!(cells[6].trim().parse::<f64>().is_ok(), "a ratio for the new one: {row}");
+    // And --json passes them through with the fields absent as null.
+    let out = pack(&[&"bench-read", &"--compare", &old, &"--json"]).assert().success();
+    let line = String::from_utf8_lossy(&out.get_output().stdout).lines().next().unwrap().to_string();
+    let m: Value = serde_json::from_str(&line).unwrap();
+    assert!(m["floor_us"].is_null() && m["x_floor"].is_null(), "{m}");
 }
 
 #[test]

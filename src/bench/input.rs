@@ -7,6 +7,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
+use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -269,7 +270,38 @@ pub struct ItemReader<'a> {
 impl ItemReader<'_> {
     /// Reads item `item` whole and touches every byte; returns the number of bytes.
     pub fn read(&mut self, item: u64) -> Result<u64> {
-        let (bytes, sum) = match self.opened {
+        let (mut bytes, mut sum) = (0, 0);
+        self.visit(item, |data| {
+            bytes += data.len() as u64;
+            sum ^= touch(data);
+        })?;
+        self.sum = self.sum.wrapping_add(sum);
+        Ok(bytes)
+    }
+
+    /// Reads item `item` whole and appends a copy of each of its byte runs (one per LMDB field,
+    /// one otherwise) to `out`, pushing each run's range in `out` to `runs`. Each copy starts at
+    /// the offset in `out`, modulo 64, that the bytes it copies have in their 64-byte cache line,
+    /// so that once `out` sits on a cache-line boundary summing a copy touches as many cache
+    /// lines as summing the original ([`super::floor`]). Returns the number of bytes.
+    pub fn copy_into(&mut self, item: u64, out: &mut Vec<u8>, runs: &mut Vec<Range<usize>>) -> Result<u64> {
+        let mut bytes = 0;
+        self.visit(item, |data| {
+            let skew = data.as_ptr() as usize % 64;
+            let pad = (skew + 64 - out.len() % 64) % 64;
+            out.resize(out.len() + pad, 0);
+            let start = out.len();
+            out.extend_from_slice(data);
+            runs.push(start..out.len());
+            bytes += data.len() as u64;
+        })?;
+        Ok(bytes)
+    }
+
+    /// Reads item `item` and hands each of its byte runs to `f`.
+    #[inline]
+    fn visit(&mut self, item: u64, mut f: impl FnMut(&[u8])) -> Result<()> {
+        match self.opened {
             Opened::Files { files, direct } => {
                 let path = &files[item as usize];
                 let mut file = open_for_read(path, *direct)?;
@@ -281,28 +313,29 @@ impl ItemReader<'_> {
                     file.read_to_end(&mut self.buf.plain).map_err(Error::io(path))?;
                     &self.buf.plain[..]
                 };
-                (data.len() as u64, touch(data))
+                f(data);
             }
             Opened::Lmdb(_) => {
                 let snapshot = self.snapshot.as_ref().expect("LMDB readers hold a snapshot");
                 let sample = snapshot.get(item)?;
-                sample.fields.iter().fold((0, 0), |(n, s), f| (n + f.data.len() as u64, s ^ touch(&f.data)))
+                for field in &sample.fields {
+                    f(&field.data);
+                }
             }
             Opened::WebDataset { index, files, direct } => {
                 let entry = index.entry(item)?;
                 let file = &files[entry.shard as usize];
                 let data = read_range(file, entry.offset, entry.len as usize, *direct, &mut self.buf)
                     .map_err(Error::io(index.path().join(&index.meta().shards[entry.shard as usize].name)))?;
-                (data.len() as u64, touch(data))
+                f(data);
             }
             Opened::Blocks { path, file, block_size, direct } => {
                 let data = read_range(file, item * block_size, *block_size as usize, *direct, &mut self.buf)
                     .map_err(Error::io(path))?;
-                (data.len() as u64, touch(data))
+                f(data);
             }
-        };
-        self.sum = self.sum.wrapping_add(sum);
-        Ok(bytes)
+        }
+        Ok(())
     }
 
     /// The checksum of everything read so far.

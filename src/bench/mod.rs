@@ -5,8 +5,8 @@
 //! ~0.1 ms on a SATA SSD, microseconds from a packed file — and this module lets a user take
 //! it on their machine, at the concurrency their data loader uses. [`input`] says what is read
 //! and how, [`cache`] evicts and checks the page cache for cold measurements, [`device`] names
-//! the storage, [`stats`] does the percentile arithmetic, [`record`] holds the results and
-//! prints them, and [`plot`] draws them.
+//! the storage, [`stats`] does the percentile arithmetic, [`floor`] measures the memory floor
+//! under each measurement, [`record`] holds the results and prints them, and [`plot`] draws them.
 //!
 //! # Timing
 //!
@@ -15,9 +15,13 @@
 //! when the sample's bytes are in hand and every byte has been touched ([`input::touch`]).
 //! Throughput is reads over wall time, from the moment all threads start together to the
 //! moment the last one stops.
+//!
+//! After the timed reads, [`floor`] replays them over copies of the same bytes in memory: the
+//! same work from memory, so each latency can also be read as a multiple of that floor.
 
 pub mod cache;
 pub mod device;
+pub mod floor;
 pub mod input;
 pub mod plot;
 pub mod record;
@@ -208,6 +212,7 @@ pub fn measure(
                 s.spawn(|| {
                     let reader = opened.reader();
                     let mut latencies: Vec<u64> = Vec::with_capacity(capacity);
+                    let mut log = floor::Log::new(threads, capacity, len, reads);
                     barrier.wait();
                     let started = Instant::now();
                     let deadline = duration.map(|d| started + d);
@@ -221,9 +226,11 @@ pub fn measure(
                             }
                             let item = order[(k % len) as usize];
                             let t0 = Instant::now();
-                            bytes += reader.read(item)?;
+                            let n = reader.read(item)?;
                             let t1 = Instant::now();
                             latencies.push((t1 - t0).as_nanos() as u64);
+                            bytes += n;
+                            log.push(item, n);
                             if deadline.is_some_and(|d| t1 >= d) {
                                 stop.store(true, Ordering::Relaxed);
                             }
@@ -236,7 +243,7 @@ pub fn measure(
                     }
                     let finished = Instant::now();
                     running.fetch_sub(1, Ordering::Release);
-                    result.map(|(bytes, _)| (latencies, bytes, started, finished))
+                    result.map(|(bytes, _)| (latencies, log, bytes, started, finished))
                 })
             })
             .collect();
@@ -248,14 +255,16 @@ pub fn measure(
         handles.into_iter().map(|h| h.join().expect("reader thread panicked")).collect::<Vec<_>>()
     });
     let mut latencies = Vec::new();
+    let mut logs = Vec::with_capacity(threads);
     let mut bytes = 0;
     // Wall time runs from the first thread's start to the last one's end, as each saw them:
     // with more threads than cores, this thread may not even run until they are done.
     let mut span: Option<(Instant, Instant)> = None;
     for result in results {
-        let (lat, b, started, finished) = result?;
+        let (lat, log, b, started, finished) = result?;
         span = Some(span.map_or((started, finished), |(s, e)| (s.min(started), e.max(finished))));
         latencies.extend(lat);
+        logs.push(log);
         bytes += b;
     }
     let (start, end) = span.expect("at least one thread");
@@ -266,6 +275,34 @@ pub fn measure(
         reason: "no read was measured; pass a longer --duration or more --samples".into(),
     })?;
     bar.position(samples);
+
+    bar.message(&format!(
+        "{} {}, {threads} threads: memory floor",
+        input.path.display(),
+        input.access.name()
+    ));
+    // The copies are read through the page cache: an `O_DIRECT` pass would only be slower.
+    let buffered;
+    let source = if direct {
+        buffered = input.open(false)?;
+        &buffered
+    } else {
+        &opened
+    };
+    let floor = floor::measure(source, &logs)?;
+    if let (Some(f), Some(cap)) = (&floor, logs.iter().filter_map(floor::Log::cap).max()) {
+        let why = match cap {
+            floor::Cap::Bytes => format!("its copies are capped at {} MB", floor::FLOOR_BYTES / 1_000_000),
+            floor::Cap::Reads => {
+                format!("it replays at most {} reads", record::group(floor::FLOOR_READS as f64))
+            }
+        };
+        notes.push(format!(
+            "memory floor over the first {} of the {} reads ({why})",
+            record::group(f.samples as f64),
+            record::group(samples as f64)
+        ));
+    }
     Ok(Measurement {
         record: record::MEASUREMENT.to_string(),
         path: input.path.display().to_string(),
@@ -290,6 +327,8 @@ pub fn measure(
         seconds,
         samples_per_s: samples as f64 / seconds,
         mb_per_s: bytes as f64 / seconds / 1e6,
+        x_floor: floor.as_ref().map(|f| latency_us.p50 / f.latency.p50).filter(|x| x.is_finite()),
+        floor_us: floor.map(|f| f.latency),
         latency_us,
         latency_cdf_us,
         resident_before,

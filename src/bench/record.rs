@@ -49,6 +49,14 @@ pub struct Measurement {
     pub latency_us: Latency,
     /// The latency distribution: `[quantile, microseconds]` pairs.
     pub latency_cdf_us: Vec<[f64; 2]>,
+    /// The memory floor: per-read latency of the same reads summing copies of the same bytes
+    /// already in memory ([`super::floor`]). `None` in files saved before it was measured.
+    #[serde(default)]
+    pub floor_us: Option<Latency>,
+    /// The p50 latency over the floor's p50: how many times the memory floor a typical read
+    /// costs. `None` in files saved before it was measured.
+    #[serde(default)]
+    pub x_floor: Option<f64>,
     /// Share of the files' pages in the page cache just before reading (after the eviction
     /// for a cold measurement, after the warm-up for a warm one); `None` if unknown.
     pub resident_before: Option<f64>,
@@ -127,14 +135,24 @@ pub fn sweep_table(sweep: &[Measurement]) -> String {
     let _ = writeln!(out, "  {} order, {} cache{direct}", first.pattern, first.cache);
     let _ = writeln!(
         out,
-        "  {:>7} {:>9} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "threads", "samples", "samples/s", "MB/s", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "max µs"
+        "  {:>7} {:>9} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "threads",
+        "samples",
+        "samples/s",
+        "MB/s",
+        "p50 µs",
+        "p90 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "max µs",
+        "floor µs",
+        "×floor"
     );
     for m in sweep {
         let l = &m.latency_us;
         let _ = writeln!(
             out,
-            "  {:>7} {:>9} {:>12} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "  {:>7} {:>9} {:>12} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
             m.threads,
             m.samples,
             group(m.samples_per_s),
@@ -143,7 +161,15 @@ pub fn sweep_table(sweep: &[Measurement]) -> String {
             us(l.p90),
             us(l.p99),
             us(l.p99_9),
-            us(l.max)
+            us(l.max),
+            m.floor_us.map_or("-".into(), |f| us(f.p50)),
+            ratio(m.x_floor)
+        );
+    }
+    if sweep.iter().any(|m| m.floor_us.is_some()) {
+        let _ = writeln!(
+            out,
+            "  floor: the same reads summing copies of the same bytes already in memory (p50); ×floor = p50 / floor"
         );
     }
     let levels: Vec<(usize, f64)> = sweep.iter().map(|m| (m.threads, m.samples_per_s)).collect();
@@ -230,10 +256,10 @@ pub fn compare_table(runs: &[(String, Vec<Measurement>)]) -> String {
         }
         let _ = writeln!(out, "[{}] {name}: {}", col + 1, devices.join("; "));
     }
-    let _ = writeln!(out, "cells: samples/s | p50 µs | p99 µs");
+    let _ = writeln!(out, "cells: samples/s | p50 µs | p99 µs | ×floor (p50 over the memory floor's)");
     let _ = write!(out, "{:<44} {:>7}", "dataset, access, order, cache", "threads");
     for col in 0..runs.len() {
-        let _ = write!(out, " {:>28}", format!("[{}]", col + 1));
+        let _ = write!(out, " {:>36}", format!("[{}]", col + 1));
     }
     out.push('\n');
     for row in &rows {
@@ -242,22 +268,23 @@ pub fn compare_table(runs: &[(String, Vec<Measurement>)]) -> String {
         for col in 0..runs.len() {
             let cell = match cells.get(&(row.clone(), col)) {
                 Some(m) => format!(
-                    "{} | {} | {}",
+                    "{} | {} | {} | {}",
                     group(m.samples_per_s),
                     us(m.latency_us.p50),
-                    us(m.latency_us.p99)
+                    us(m.latency_us.p99),
+                    ratio(m.x_floor)
                 ),
                 None => "-".to_string(),
             };
-            let _ = write!(out, " {cell:>28}");
+            let _ = write!(out, " {cell:>36}");
         }
         out.push('\n');
     }
     out
 }
 
-/// A throughput with thousands separators and no decimals.
-fn group(value: f64) -> String {
+/// A count or throughput with thousands separators and no decimals.
+pub(crate) fn group(value: f64) -> String {
     let digits = format!("{:.0}", value.max(0.0));
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
@@ -267,6 +294,12 @@ fn group(value: f64) -> String {
         out.push(c);
     }
     out
+}
+
+/// A ratio to the memory floor with three significant figures, `-` when there is none (files
+/// saved before it was measured).
+fn ratio(value: Option<f64>) -> String {
+    value.map_or("-".into(), us)
 }
 
 /// Microseconds with three significant figures (1.23, 45.6, 789, 12,345).
@@ -310,6 +343,8 @@ pub(crate) mod tests {
             mb_per_s: rate * 0.08,
             latency_us: Latency { p50: 3.5, p90: 5.0, p99: 12.25, p99_9: 40.0, max: 1234.5, mean: 4.0 },
             latency_cdf_us: vec![[0.5, 3.5], [1.0, 1234.5]],
+            floor_us: Some(Latency { p50: 2.8, p90: 3.0, p99: 4.0, p99_9: 9.0, max: 20.0, mean: 2.9 }),
+            x_floor: Some(1.25),
             resident_before: Some(1.0),
             resident_before_eviction: None,
             notes: vec![],
@@ -333,6 +368,29 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn files_saved_before_the_floor_read_without_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.json");
+        let mut m = sample("/d/train.lmdb", "reader", 1, 1000.0);
+        m.floor_us = None;
+        m.x_floor = None;
+        let mut value = serde_json::to_value(&m).unwrap();
+        let object = value.as_object_mut().unwrap();
+        object.remove("floor_us");
+        object.remove("x_floor");
+        std::fs::write(&path, format!("{value}\n")).unwrap();
+        assert_eq!(read_jsonl(&path).unwrap(), vec![m.clone()]);
+        let t = sweep_table(&[m.clone()]);
+        assert!(!t.contains("floor: the same reads"), "{t}");
+        let t = compare_table(&[
+            ("old.json".into(), vec![m]),
+            ("new.json".into(), vec![sample("/e/train.lmdb", "reader", 1, 900.0)]),
+        ]);
+        let row = t.lines().find(|l| l.starts_with("train.lmdb")).unwrap();
+        assert!(row.contains("| 12.2 | - ") && row.ends_with("| 12.2 | 1.25"), "{t}");
+    }
+
+    #[test]
     fn a_file_that_is_not_jsonl_is_named_with_its_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.json");
@@ -353,6 +411,10 @@ pub(crate) mod tests {
         assert!(t.contains("1,960"), "{t}");
         assert!(t.contains("knee: 2 threads"), "{t}");
         assert!(t.contains("12.2") && t.contains("1,234"), "{t}");
+        let header = t.lines().find(|l| l.contains("threads") && l.contains("samples/s")).unwrap();
+        assert!(header.ends_with("floor µs  ×floor"), "{t}");
+        assert!(t.lines().any(|l| l.ends_with("  2.80    1.25")), "{t}");
+        assert!(t.contains("×floor = p50 / floor"), "{t}");
     }
 
     #[test]
