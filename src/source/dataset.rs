@@ -30,7 +30,11 @@ impl PackedDataset {
     pub fn open(path: &Path) -> Result<PackedDataset> {
         let dataset = imgpack_reader::open(path)?;
         let key_width = dataset.meta().key_width;
-        Ok(PackedDataset { dataset: std::sync::RwLock::new(Some(dataset)), path: path.to_path_buf(), key_width })
+        Ok(PackedDataset {
+            dataset: std::sync::RwLock::new(Some(dataset)),
+            path: path.to_path_buf(),
+            key_width,
+        })
     }
 
     fn with<T>(&self, f: impl FnOnce(&Dataset) -> T) -> T {
