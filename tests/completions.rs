@@ -7,7 +7,7 @@ use crate::util::*;
 
 /// The visible subcommands and the long flags of each, from `pack SUB --help`.
 fn subcommands_and_flags() -> Vec<(String, Vec<String>)> {
-    ["imagefolder", "bench-read", "plan", "verify", "merge", "completions", "man"]
+    ["imagefolder", "bench-read", "plan", "verify", "merge", "info", "ls", "completions", "man"]
         .iter()
         .map(|sub| {
             let out = pack(&[sub, &"--help"]).output().unwrap();
@@ -58,7 +58,8 @@ fn bash_loads_its_completion_script_and_completes() {
     // Load the script into a real bash and ask it what `pack ver<TAB>` and `pack verify --<TAB>` give.
     let probe = format!(
         "source {}; COMP_WORDS=(pack ver); COMP_CWORD=1; _pack pack ver pack; echo \"${{COMPREPLY[@]}}\"; \
-         COMP_WORDS=(pack verify --); COMP_CWORD=2; _pack pack -- verify; echo \"${{COMPREPLY[@]}}\"",
+         COMP_WORDS=(pack verify --); COMP_CWORD=2; _pack pack -- verify; echo \"${{COMPREPLY[@]}}\"; \
+         COMP_WORDS=(pack c); COMP_CWORD=1; _pack pack c pack; echo \"${{COMPREPLY[@]}}\"",
         script.display()
     );
     let run = Process::new("bash").arg("-c").arg(&probe).output().unwrap();
@@ -68,6 +69,8 @@ fn bash_loads_its_completion_script_and_completes() {
     assert_eq!(lines.next().unwrap().trim(), "verify");
     let flags = lines.next().unwrap();
     assert!(flags.contains("--decode") && flags.contains("--json"), "{flags}");
+    // The hidden `convert` (what `pack SRC` runs) is not offered.
+    assert_eq!(lines.next().unwrap().trim(), "completions");
 }
 
 #[test]

@@ -321,7 +321,7 @@ fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
     }
     let extensions = args.listing.extensions()?;
     let seed = args.listing.seed();
-    let threads = args.threads.unwrap_or_else(crate::pack::config::all_cores);
+    let threads = args.threads.unwrap_or_else(crate::pack::config::default_io_threads);
     let bar = progress_bar(args.output.quiet, PACK_BAR);
     let header = crate::source::plan::make(&args.source, &extensions, seed, threads, &bar, &args.out)?;
     for class in &header.empty_classes {
@@ -382,7 +382,15 @@ fn merge(args: &args::MergeArgs) -> crate::Result<u8> {
 /// `pack completions SHELL`: the completion script, generated from the clap definitions.
 fn completions(shell: clap_complete::Shell) -> crate::Result<u8> {
     use clap::CommandFactory;
-    clap_complete::generate(shell, &mut Cli::command(), "pack", &mut std::io::stdout().lock());
+    // The hidden `convert` (what `pack SRC ...` runs) is no word to offer: clap_complete lists
+    // hidden subcommands too, so the command is rebuilt without them (`pack` itself has no
+    // arguments of its own to carry over).
+    let full = Cli::command();
+    let mut shown = clap::Command::new("pack")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(full.get_about().cloned().unwrap_or_default())
+        .subcommands(full.get_subcommands().filter(|s| !s.is_hide_set()).cloned());
+    clap_complete::generate(shell, &mut shown, "pack", &mut std::io::stdout().lock());
     Ok(0)
 }
 
