@@ -6,9 +6,9 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::cluster::merge::{dataset_bytes, part_dirs, shard_dirs};
 use crate::progress::Progress;
 use crate::size::human_bytes;
-use imgpack_reader::part::parse_dir_name;
 
 /// What `pack info` reports.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -33,7 +33,8 @@ pub struct Info {
     pub fields: BTreeMap<String, FieldStats>,
     /// The bytes of every stored field of every sample.
     pub sample_bytes: u64,
-    /// The bytes of the dataset's files on disk (for LMDB, `data.mdb` with its free pages).
+    /// The bytes of the dataset's files on disk, part directories of a merged WebDataset
+    /// included (for LMDB, `data.mdb` with its free pages).
     pub bytes_on_disk: u64,
     /// WebDataset only: the shards.
     pub shards: Option<ShardStats>,
@@ -112,14 +113,13 @@ pub fn info(path: &Path, progress: &dyn Progress) -> crate::Result<Info> {
     progress.finish();
     let option = |name: &str| meta.options.get(name);
     let shards = shard_stats(&meta.shards);
+    // A merged WebDataset's shards name their part directories; a merged LMDB whose parts were
+    // kept still holds them.
     let parts = match &shards {
-        Some(_) => {
-            let dirs: std::collections::BTreeSet<&str> =
-                meta.shards.iter().filter_map(|s| s.name.split_once('/').map(|(dir, _)| dir)).collect();
-            (!dirs.is_empty()).then_some(dirs.len() as u64)
-        }
-        None => kept_part_dirs(path),
+        Some(_) => shard_dirs(&meta).len(),
+        None => part_dirs(path).map_or(0, |(finished, _)| finished.len()),
     };
+    let parts = (parts > 0).then_some(parts as u64);
     Ok(Info {
         record: "info",
         path: path.display().to_string(),
@@ -131,7 +131,7 @@ pub fn info(path: &Path, progress: &dyn Progress) -> crate::Result<Info> {
         class_counts,
         fields,
         sample_bytes,
-        bytes_on_disk: disk_bytes(path),
+        bytes_on_disk: dataset_bytes(path, &meta),
         shards,
         mode: option("mode").and_then(|m| m.as_str()).unwrap_or("passthrough").to_string(),
         options: meta.options.clone(),
@@ -161,33 +161,6 @@ fn shard_stats(shards: &[imgpack_reader::ShardInfo]) -> Option<ShardStats> {
         crc32: shards.iter().all(|s| s.crc32.is_some()),
         md5: shards.iter().all(|s| s.md5.is_some()),
     })
-}
-
-/// The part directories (`part-KKKK-of-NNNN`) left in a merged LMDB's directory.
-fn kept_part_dirs(path: &Path) -> Option<u64> {
-    let count = std::fs::read_dir(path)
-        .ok()?
-        .flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(|n| parse_dir_name(n).is_some()))
-        .count();
-    (count > 0).then_some(count as u64)
-}
-
-/// The bytes of every file under `path`, one level of sub-directories deep (the part
-/// directories of a merged dataset); symlinked shards count with their target's size.
-fn disk_bytes(path: &Path) -> u64 {
-    fn walk(dir: &Path, depth: u32) -> u64 {
-        let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-        entries
-            .flatten()
-            .map(|entry| match std::fs::metadata(entry.path()) {
-                Ok(m) if m.is_file() => m.len(),
-                Ok(m) if m.is_dir() && depth > 0 => walk(&entry.path(), depth - 1),
-                _ => 0,
-            })
-            .sum()
-    }
-    walk(path, 1)
 }
 
 impl Info {

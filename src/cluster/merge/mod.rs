@@ -252,13 +252,13 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
     })
 }
 
-/// The part directories a merged dataset's shards are in.
-fn shard_dirs(meta: &Meta) -> BTreeSet<&str> {
+/// The part directories a merged dataset's shards are in (none for one run's output).
+pub(crate) fn shard_dirs(meta: &Meta) -> BTreeSet<&str> {
     meta.shards.iter().filter_map(|s| s.name.split_once('/')).map(|(dir, _)| dir).collect()
 }
 
 /// The bytes of the files in `out`, and in the part directories its shards are in.
-fn dataset_bytes(out: &Path, meta: &Meta) -> u64 {
+pub(crate) fn dataset_bytes(out: &Path, meta: &Meta) -> u64 {
     let parts = shard_dirs(meta).into_iter().map(|d| crate::fs::disk_usage(&out.join(d)));
     crate::fs::disk_usage(out) + parts.sum::<u64>()
 }
@@ -273,7 +273,7 @@ fn remove_if_present(path: &Path) -> Result<()> {
 /// The finished part directories in `out` (name, (index, count)) and the unfinished ones
 /// (their temporary directories), by name.
 #[allow(clippy::type_complexity)]
-fn part_dirs(out: &Path) -> Result<(Vec<(String, (u64, u64))>, BTreeMap<(u64, u64), String>)> {
+pub(crate) fn part_dirs(out: &Path) -> Result<(Vec<(String, (u64, u64))>, BTreeMap<(u64, u64), String>)> {
     let mut finished = Vec::new();
     let mut unfinished = BTreeMap::new();
     for entry in fs::read_dir(out).map_err(Error::io(out))? {
