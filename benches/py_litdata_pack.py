@@ -27,7 +27,7 @@ from litdata import optimize  # noqa: E402  (imports torch: part of what a user 
 IMPORT_SECONDS = time.perf_counter() - _import_started
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from py_wds_pack import fsync_path, make_dataset  # noqa: E402
+from py_wds_pack import fsync_dir, make_dataset  # noqa: E402
 
 
 def read_sample(item: tuple[str, int]) -> dict:
@@ -45,9 +45,7 @@ def main() -> int:
     classes, samples = make_dataset(args.tree)
     optimize(fn=read_sample, inputs=samples, output_dir=args.out, num_workers=args.workers,
              chunk_bytes="64MB", mode="overwrite")
-    for name in os.listdir(args.out):
-        fsync_path(os.path.join(args.out, name))
-    fsync_path(args.out)
+    fsync_dir(args.out)
     print(f"packed {len(samples)} samples in {len(classes)} classes into {args.out} "
           f"(import litdata: {IMPORT_SECONDS:.2f} s)")
     return 0

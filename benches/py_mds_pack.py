@@ -26,7 +26,7 @@ from streaming import MDSWriter  # noqa: E402
 IMPORT_SECONDS = time.perf_counter() - _import_started
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from py_wds_pack import fsync_path, make_dataset  # noqa: E402
+from py_wds_pack import fsync_dir, make_dataset  # noqa: E402
 
 
 def main() -> int:
@@ -39,9 +39,7 @@ def main() -> int:
         for path, class_index in samples:
             with open(path, "rb") as f:
                 writer.write({"image": f.read(), "class": class_index})
-    for name in os.listdir(args.out):
-        fsync_path(os.path.join(args.out, name))
-    fsync_path(args.out)
+    fsync_dir(args.out)
     print(f"packed {len(samples)} samples in {len(classes)} classes into {args.out} "
           f"(import streaming: {IMPORT_SECONDS:.2f} s)")
     return 0

@@ -57,6 +57,14 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
+def fsync_dir(path: str) -> None:
+    """fsyncs every file directly in the directory `path`, then the directory itself (its new
+    entries): what makes a finished output durable."""
+    for name in os.listdir(path):
+        fsync_path(os.path.join(path, name))
+    fsync_path(path)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("tree", help="ImageFolder root (root/<class>/<image>)")

@@ -272,9 +272,10 @@ def check_webdataset_checksums(out: Path) -> list[IndexEntry]:
 # --------------------------------------------------------------------------- snippets in the docs
 
 
-def doc_snippet(doc: str, name: str) -> str:
-    """The ```python block that follows the line `<!-- interop-test: NAME -->` in `doc` (a path
-    relative to the repository), which must appear exactly once."""
+def doc_block(doc: str, name: str, languages: tuple[str, ...]) -> list[str]:
+    """The lines of the fenced block, in one of `languages`, that follows the line
+    `<!-- interop-test: NAME -->` in `doc` (a path relative to the repository), which must
+    appear exactly once."""
     marker = f"<!-- interop-test: {name} -->"
     path = REPO / doc
     if not path.is_file():
@@ -285,8 +286,10 @@ def doc_snippet(doc: str, name: str) -> str:
     i = starts[0] + 1
     while i < len(lines) and not lines[i].strip():
         i += 1
-    assert i < len(lines) and re.fullmatch(r"```\s*python\s*", lines[i].strip()), (
-        f"the line after {marker!r} in {doc} must open a ```python block, found {lines[i:i + 1]}"
+    fence = "```" + languages[0]
+    opening = r"```\s*(" + "|".join(map(re.escape, languages)) + r")\s*"
+    assert i < len(lines) and re.fullmatch(opening, lines[i].strip()), (
+        f"the line after {marker!r} in {doc} must open a {fence} block, found {lines[i:i + 1]}"
     )
     body = []
     for line in lines[i + 1 :]:
@@ -294,7 +297,14 @@ def doc_snippet(doc: str, name: str) -> str:
             break
         body.append(line)
     else:
-        pytest.fail(f"the ```python block after {marker!r} in {doc} is not closed")
+        pytest.fail(f"the {fence} block after {marker!r} in {doc} is not closed")
+    return body
+
+
+def doc_snippet(doc: str, name: str) -> str:
+    """The ```python block that follows the line `<!-- interop-test: NAME -->` in `doc` (a path
+    relative to the repository), which must appear exactly once."""
+    body = doc_block(doc, name, ("python",))
     assert any(line.strip() for line in body), f"the {doc} snippet {name!r} is empty"
     return "\n".join(body) + "\n"
 

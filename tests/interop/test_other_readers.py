@@ -35,7 +35,7 @@ import pytest
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
-from interop_util import IMAGEFOLDER, REPO, check_webdataset_checksums, copy_into, run_doc_snippet, sniff_ext
+from interop_util import IMAGEFOLDER, check_webdataset_checksums, copy_into, doc_block, run_doc_snippet, sniff_ext
 
 # Hugging Face: no network, and nothing written under ~ (the README recipe uses the default
 # cache). Set before anything imports `datasets` or `huggingface_hub`, which read these once.
@@ -169,23 +169,7 @@ def doc_command(doc: str, name: str) -> list[str]:
     """The one shell command in the ```sh block after the line `<!-- interop-test: NAME -->` of
     `doc` (the marker `doc_snippet` uses for Python), split into words as sh would (backslash
     line continuations joined)."""
-    marker = f"<!-- interop-test: {name} -->"
-    lines = (REPO / doc).read_text(encoding="utf-8").splitlines()
-    starts = [i for i, line in enumerate(lines) if line.strip() == marker]
-    assert len(starts) == 1, f"{doc} must contain the line {marker!r} exactly once (found {len(starts)})"
-    i = starts[0] + 1
-    while i < len(lines) and not lines[i].strip():
-        i += 1
-    assert i < len(lines) and re.fullmatch(r"```\s*(sh|bash|console|shell)\s*", lines[i].strip()), (
-        f"the line after {marker!r} in {doc} must open a ```sh block, found {lines[i:i + 1]}"
-    )
-    body = []
-    for line in lines[i + 1 :]:
-        if line.strip() == "```":
-            break
-        body.append(line)
-    else:
-        pytest.fail(f"the ```sh block after {marker!r} in {doc} is not closed")
+    body = doc_block(doc, name, ("sh", "bash", "console", "shell"))
     text = re.sub(r"\\\n", " ", "\n".join(body)).strip()
     assert text and "\n" not in text, f"the {doc} block {name!r} must hold exactly one command: {text!r}"
     return shlex.split(text)
