@@ -123,7 +123,7 @@ impl Input {
                         reason: "no image files in class folders; pass an ImageFolder tree (ROOT/CLASS/IMAGE) or a directory written by `pack`".into(),
                     });
                 }
-                let files = listing.samples.iter().map(|s| tree.file(s)).collect();
+                let files = listing.samples.iter().map(|s| tree.file(&s)).collect();
                 Ok(vec![input(Access::OpenRead, What::Files(Arc::new(files)))])
             }
         }

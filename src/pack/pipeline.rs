@@ -40,7 +40,7 @@ use crate::sink::{Durable, PackedSample, Sink};
 use crate::source::dataset::{is_packed, PackedDataset};
 use crate::source::imagefolder::ImageFolder;
 use crate::source::plan::{Plan, PlanSource};
-use crate::source::{Listing, Source, SourceSample, Stamp};
+use crate::source::{Listing, Samples, Source, SourceSample, Stamp};
 use crate::transcode::{Image, Transcoder};
 use crate::{Error, Result};
 
@@ -241,10 +241,10 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         return Err(Error::BadSource { path: config.source.clone(), reason });
     }
     if let Some(seed) = config.shuffle.filter(|_| !ordered) {
-        crate::shuffle::shuffle(&mut listing.samples, seed);
+        listing.samples.shuffle(seed);
     }
     // Known for packed sources; an ImageFolder listing does not stat files, so 0 there.
-    let total_bytes: u64 = listing.samples.iter().map(|s| s.size).sum();
+    let total_bytes: u64 = listing.samples.total_size();
     let found = listing.samples.len() as u64;
     let first_key = part.as_ref().map_or(0, |p| p.first);
     let width = key_width(part.as_ref().map_or(found, |p| p.plan_samples));
@@ -274,7 +274,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         _ => {
             bar.message("checking the source");
             let stamps: Vec<Option<Stamp>> =
-                io_pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
+                io_pool.install(|| listing.samples.par_iter().map(|s| source.stamp(&s)).collect());
             // The stamps give the source size an ImageFolder listing does not: a better first
             // LMDB map size.
             let stamped: u64 = stamps.iter().flatten().map(|s| s.size).sum();
@@ -310,7 +310,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         let readers = (0..count).map(|i| {
             std::thread::Builder::new().name(format!("imgpack-read-{i}")).spawn_scoped(scope, move || {
                 readahead.serve(|index| {
-                    let read = read(source, &samples[index], unpacking);
+                    let read = read(source, &samples.get(index), unpacking);
                     let bytes = read.as_ref().map_or(0, |b| b.len() as u64);
                     (read, bytes)
                 })
@@ -353,7 +353,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
             batch.clear();
             for result in loaded {
                 let position = next as u64;
-                let sample = &samples[next];
+                let sample = samples.get(next);
                 next += 1;
                 bar.advance(1);
                 done_here += 1;
@@ -368,10 +368,10 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
                             kept: image.kept,
                             field: image.ext,
                         });
-                        batch.push(packed_sample(key, sample, &listing.classes, image, crc));
+                        batch.push(packed_sample(key, &sample, &listing.classes, image, crc));
                     }
                     Err(reason) if config.on_error == OnError::Fail => {
-                        return Err(Error::BadSample { path: source.name(sample), reason });
+                        return Err(Error::BadSample { path: source.name(&sample), reason });
                     }
                     Err(reason) => ledger.record(Outcome::Skipped { position, reason }),
                 }
@@ -500,8 +500,7 @@ fn open_resumable(
             run.differences(&journal.run).join(", ")
         ))
     } else {
-        let saved = resume::read_listing(staged.path())?;
-        resume::changes(&saved, listing, stamps)
+        resume::changes(staged.path(), listing, stamps)?
             .map(|changes| format!("the source changed since the interrupted run started: {changes}"))
     };
     if let Some(reason) = mismatch {
@@ -531,15 +530,15 @@ fn open_resumable(
 }
 
 /// The planned samples a part skipped, by plan index.
-fn part_skipped(part: &PartInfo, total: &resume::Progress, samples: &[SourceSample]) -> Vec<SkippedSample> {
+fn part_skipped(part: &PartInfo, total: &resume::Progress, samples: &Samples) -> Vec<SkippedSample> {
     total
         .skipped
         .iter()
         .map(|(position, reason)| SkippedSample {
             index: part.first + position,
             path: samples
-                .get(*position as usize)
-                .map_or_else(String::new, |s| SampleInfo::new(&s.rel_path, "").path),
+                .try_get(*position as usize)
+                .map_or_else(String::new, |s| SampleInfo::new(s.rel_path, "").path),
             reason: reason.clone(),
         })
         .collect()
@@ -559,7 +558,7 @@ impl<T> Drop for StopOnDrop<'_, T> {
 /// before it is read.
 fn read(source: &dyn Source, sample: &SourceSample, unpacking: bool) -> Result<Vec<u8>, String> {
     if unpacking {
-        safe_relative(&sample.rel_path)?;
+        safe_relative(sample.rel_path)?;
     }
     source.load(sample).map_err(|e| {
         let dangling = source.file(sample).symlink_metadata().is_ok_and(|m| m.file_type().is_symlink())
@@ -597,7 +596,7 @@ fn packed_sample(
     image: Image,
     image_crc: u32,
 ) -> PackedSample {
-    let info = SampleInfo::new(&sample.rel_path, &classes[sample.class as usize]);
+    let info = SampleInfo::new(sample.rel_path, &classes[sample.class as usize]);
     let cls = sample.class.to_string().into_bytes();
     let json = serde_json::to_vec(&info).expect("sample info serialises");
     let (cls_crc, json_crc) = (imgpack_reader::checksum::crc32(&cls), imgpack_reader::checksum::crc32(&json));

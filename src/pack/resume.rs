@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use crate::pack::recorded::Run;
 use crate::pack::report::Skipped;
 use crate::pack::staged::Staged;
-use crate::source::plan::{ListingPlan, Plan};
-use crate::source::{Listing, Source, SourceSample, Stamp};
+use crate::source::plan::{self, Header, ListingPlan, Planned};
+use crate::source::{Listing, Samples, Source, Stamp};
 use crate::{Error, Result};
 
 /// The journal file in the temporary directory.
@@ -214,12 +214,12 @@ fn fold(progress: &mut Progress, outcome: Outcome) {
 }
 
 /// The skipped samples of `progress` with their paths from the listing.
-pub fn skipped(progress: &Progress, samples: &[SourceSample], source: &dyn Source) -> Vec<Skipped> {
+pub fn skipped(progress: &Progress, samples: &Samples, source: &dyn Source) -> Vec<Skipped> {
     progress
         .skipped
         .iter()
         .map(|(position, reason)| {
-            let path = samples.get(*position as usize).map_or_else(PathBuf::new, |s| source.name(s));
+            let path = samples.try_get(*position as usize).map_or_else(PathBuf::new, |s| source.name(&s));
             Skipped::new(path, reason.clone())
         })
         .collect()
@@ -231,38 +231,51 @@ pub fn save_listing(dir: &Path, listing: &Listing, stamps: &[Option<Stamp>]) -> 
     ListingPlan::of_listing(listing, stamps).write(&dir.join(LISTING_FILE))
 }
 
-/// Reads a listing saved by [`save_listing`].
-pub fn read_listing(dir: &Path) -> Result<Plan> {
+/// Reads the listing saved by [`save_listing`] in `dir`, calling `visit` with each sample.
+fn visit_listing(dir: &Path, visit: impl FnMut(u64, Planned) -> Result<()>) -> Result<Header> {
     let path = dir.join(LISTING_FILE);
-    Plan::read(&path, None).map_err(|e| Error::Resume {
+    plan::visit(&path, None, visit).map(|(header, _)| header).map_err(|e| Error::Resume {
         reason: format!("the interrupted run's saved listing is unreadable ({e})"),
         path,
     })
 }
 
-/// What changed between the saved listing and the current one, or `None` if nothing did.
-pub fn changes(saved: &Plan, listing: &Listing, stamps: &[Option<Stamp>]) -> Option<String> {
-    if saved.header.classes != listing.classes {
-        return Some(format!("the classes changed from {:?} to {:?}", saved.header.classes, listing.classes));
+/// What changed between the listing saved in `dir` ([`save_listing`]) and the current one, or
+/// `None` if nothing did.
+///
+/// The saved listing is compared line by line as it is read, without a copy of it in memory:
+/// a listing of millions of samples that did not change costs no more than reading it. Only
+/// when something differs is it read again, to say what.
+pub fn changes(dir: &Path, listing: &Listing, stamps: &[Option<Stamp>]) -> Result<Option<String>> {
+    let mut same = true;
+    let header = visit_listing(dir, |i, planned| {
+        same = same
+            && listing.samples.try_get(i as usize).is_some_and(|now| {
+                let path = match &planned.path_hex {
+                    None => planned.path.as_bytes() == now.rel_path,
+                    Some(_) => planned.path_bytes().is_ok_and(|p| p == now.rel_path),
+                };
+                path && planned.class == now.class && planned.stamp() == stamps[i as usize]
+            });
+        Ok(())
+    })?;
+    if header.classes != listing.classes {
+        return Ok(Some(format!("the classes changed from {:?} to {:?}", header.classes, listing.classes)));
+    }
+    if same && header.samples == listing.samples.len() as u64 {
+        return Ok(None);
     }
     // A saved path that does not decode cannot match any listed one: it shows as removed.
-    let saved_paths: Vec<Vec<u8>> = saved
-        .samples
-        .iter()
-        .map(|s| s.path_bytes().unwrap_or_else(|_| s.path.clone().into_bytes()))
-        .collect();
-    let before: HashMap<&[u8], (u32, Option<Stamp>)> = saved
-        .samples
-        .iter()
-        .zip(&saved_paths)
-        .map(|(s, rel)| (rel.as_slice(), (s.class, s.stamp())))
-        .collect();
-    let now: HashMap<&[u8], (u32, Option<Stamp>)> = listing
-        .samples
-        .iter()
-        .zip(stamps)
-        .map(|(s, stamp)| (s.rel_path.as_slice(), (s.class, *stamp)))
-        .collect();
+    let mut saved: Vec<(Vec<u8>, u32, Option<Stamp>)> = Vec::new();
+    visit_listing(dir, |_, s| {
+        let path = s.path_bytes().unwrap_or_else(|_| s.path.clone().into_bytes());
+        saved.push((path, s.class, s.stamp()));
+        Ok(())
+    })?;
+    let before: HashMap<&[u8], (u32, Option<Stamp>)> =
+        saved.iter().map(|(rel, class, stamp)| (rel.as_slice(), (*class, *stamp))).collect();
+    let now: HashMap<&[u8], (u32, Option<Stamp>)> =
+        listing.samples.iter().zip(stamps).map(|(s, stamp)| (s.rel_path, (s.class, *stamp))).collect();
     let name = |rel: &[u8]| String::from_utf8_lossy(rel).into_owned();
     let mut added: Vec<String> = now.keys().filter(|k| !before.contains_key(*k)).map(|k| name(k)).collect();
     let mut removed: Vec<String> = before.keys().filter(|k| !now.contains_key(*k)).map(|k| name(k)).collect();
@@ -271,7 +284,7 @@ pub fn changes(saved: &Plan, listing: &Listing, stamps: &[Option<Stamp>]) -> Opt
     let reordered = added.is_empty()
         && removed.is_empty()
         && modified.is_empty()
-        && saved_paths.iter().map(Vec::as_slice).ne(listing.samples.iter().map(|s| s.rel_path.as_slice()));
+        && saved.iter().map(|(rel, _, _)| rel.as_slice()).ne(listing.samples.iter().map(|s| s.rel_path));
     let mut parts = Vec::new();
     for (what, list) in [("added", &mut added), ("removed", &mut removed), ("modified", &mut modified)] {
         if list.is_empty() {
@@ -285,7 +298,7 @@ pub fn changes(saved: &Plan, listing: &Listing, stamps: &[Option<Stamp>]) -> Opt
     if reordered {
         parts.push("the same files list in another order".into());
     }
-    (!parts.is_empty()).then(|| parts.join("; "))
+    Ok((!parts.is_empty()).then(|| parts.join("; ")))
 }
 
 #[cfg(test)]
@@ -298,8 +311,21 @@ mod tests {
         assert_eq!(temp, Path::new("dir").join(JOURNAL_TEMP));
     }
 
-    fn sample(position: u64, rel: &str, class: u32) -> SourceSample {
-        SourceSample { index: position, rel_path: rel.as_bytes().to_vec(), class, size: 0 }
+    fn samples(list: &[(&str, u32)]) -> Samples {
+        let mut samples = Samples::default();
+        list.iter().for_each(|(rel, class)| samples.push(rel.as_bytes(), *class, 0));
+        samples
+    }
+
+    /// Every line of the listing saved in `dir`.
+    fn saved(dir: &Path) -> (Header, Vec<Planned>) {
+        let mut lines = Vec::new();
+        let header = visit_listing(dir, |_, planned| {
+            lines.push(planned);
+            Ok(())
+        })
+        .unwrap();
+        (header, lines)
     }
 
     fn packed(position: u64) -> Outcome {
@@ -348,22 +374,29 @@ mod tests {
 
         let listing = Listing {
             classes: vec!["a".into(), "b".into()],
-            samples: vec![sample(0, "a/1.jpg", 0), sample(1, "b/\u{e9}.jpg", 1)],
+            samples: samples(&[("a/1.jpg", 0), ("b/\u{e9}.jpg", 1)]),
             ..Listing::default()
         };
         let stamps = [Some(Stamp { size: 5, mtime_ns: 7 }), None];
         save_listing(dir.path(), &listing, &stamps).unwrap();
-        let saved = read_listing(dir.path()).unwrap();
-        assert_eq!(saved.header.classes, listing.classes);
-        assert_eq!(saved.samples[0].stamp(), stamps[0]);
-        assert_eq!((saved.samples[1].class, saved.samples[1].stamp()), (1, None), "no stamp stays none");
-        assert_eq!(saved.samples[1].path_bytes().unwrap(), "b/\u{e9}.jpg".as_bytes());
-        assert_eq!(changes(&saved, &listing, &stamps), None);
+        let (header, saved) = saved(dir.path());
+        assert_eq!(header.classes, listing.classes);
+        assert_eq!(saved[0].stamp(), stamps[0]);
+        assert_eq!((saved[1].class, saved[1].stamp()), (1, None), "no stamp stays none");
+        assert_eq!(saved[1].path_bytes().unwrap(), "b/\u{e9}.jpg".as_bytes());
+        assert_eq!(changes(dir.path(), &listing, &stamps).unwrap(), None);
         // The saved listing is a plan, read by the plan reader.
         assert!(crate::source::plan::is_plan(&dir.path().join(LISTING_FILE)));
         // A file that can be stat-ed now but could not then has changed.
         let now = [stamps[0], Some(Stamp { size: 1, mtime_ns: 1 })];
-        assert_eq!(changes(&saved, &listing, &now).as_deref(), Some("1 modified (b/\u{e9}.jpg)"));
+        assert_eq!(
+            changes(dir.path(), &listing, &now).unwrap().as_deref(),
+            Some("1 modified (b/\u{e9}.jpg)")
+        );
+        // The same files in another order.
+        let swapped = Listing { samples: samples(&[("b/\u{e9}.jpg", 1), ("a/1.jpg", 0)]), ..listing.clone() };
+        let text = changes(dir.path(), &swapped, &[stamps[1], stamps[0]]).unwrap();
+        assert_eq!(text.as_deref(), Some("the same files list in another order"));
     }
 
     #[test]
@@ -371,21 +404,16 @@ mod tests {
         let classes = vec!["a".to_string()];
         let before = Listing {
             classes: classes.clone(),
-            samples: vec![sample(0, "a/1.jpg", 0), sample(1, "a/2.jpg", 0)],
+            samples: samples(&[("a/1.jpg", 0), ("a/2.jpg", 0)]),
             ..Listing::default()
         };
         let one = Some(Stamp { size: 1, mtime_ns: 1 });
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("saved.plan");
-        ListingPlan::of_listing(&before, &[one, one]).write(&path).unwrap();
-        let saved = Plan::read(&path, None).unwrap();
-        let listing = Listing {
-            classes,
-            samples: vec![sample(0, "a/1.jpg", 0), sample(1, "a/3.jpg", 0)],
-            ..Listing::default()
-        };
+        save_listing(dir.path(), &before, &[one, one]).unwrap();
+        let listing =
+            Listing { classes, samples: samples(&[("a/1.jpg", 0), ("a/3.jpg", 0)]), ..Listing::default() };
         let stamps = [Some(Stamp { size: 2, mtime_ns: 1 }), one];
-        let text = changes(&saved, &listing, &stamps).unwrap();
+        let text = changes(dir.path(), &listing, &stamps).unwrap().unwrap();
         assert_eq!(text, "1 added (a/3.jpg); 1 removed (a/2.jpg); 1 modified (a/1.jpg)");
     }
 }

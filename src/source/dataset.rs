@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use imgpack_reader::{Dataset, Kind};
 
-use super::{Listing, Source, SourceSample};
+use super::{Listing, Samples, Source, SourceSample};
 use crate::Result;
 
 /// An LMDB or WebDataset output of `pack`, read back.
@@ -66,7 +66,7 @@ impl Source for PackedDataset {
     fn list(&self, _progress: &dyn crate::progress::Progress) -> Result<Listing> {
         let listing = self.with(|dataset| -> Result<Listing> {
             let classes = dataset.classes().to_vec();
-            let mut samples = Vec::with_capacity(dataset.len() as usize);
+            let mut samples = Samples::with_capacity(dataset.len() as usize, 0);
             let mut used = vec![false; classes.len()];
             dataset.scan(|sample| {
                 let info = sample.info()?;
@@ -80,7 +80,9 @@ impl Source for PackedDataset {
                     *u = true;
                 }
                 let size = sample.payload().map_or(0, |(_, bytes)| bytes.len() as u64);
-                samples.push(SourceSample { index: sample.index, rel_path, class, size });
+                // Scanned in order: the position is the dataset index.
+                debug_assert_eq!(sample.index, samples.len() as u64);
+                samples.push(&rel_path, class, size);
                 Ok(())
             })?;
             let empty_classes =
@@ -158,8 +160,8 @@ mod tests {
             let listing = source.list(&crate::progress::Silent).unwrap();
             assert_eq!(listing.classes, tree.classes, "{format:?}");
             // Packed samples keep the tree's order, paths and classes (skipped ones are gone).
-            let tree_rest: Vec<_> = tree.samples.iter().map(|s| (s.rel_path.clone(), s.class)).collect();
-            let mut packed_rest = listing.samples.iter().map(|s| (s.rel_path.clone(), s.class));
+            let tree_rest: Vec<_> = tree.samples.iter().map(|s| (s.rel_path.to_vec(), s.class)).collect();
+            let mut packed_rest = listing.samples.iter().map(|s| (s.rel_path.to_vec(), s.class));
             let mut found = 0;
             for want in &tree_rest {
                 if packed_rest.clone().next().as_ref() == Some(want) {
@@ -169,14 +171,14 @@ mod tests {
             }
             assert_eq!(found, listing.samples.len(), "{format:?}: listing is the tree's order");
             assert!(found > 0);
-            for sample in &listing.samples {
-                let rel = std::str::from_utf8(&sample.rel_path).unwrap();
+            for sample in listing.samples.iter() {
+                let rel = std::str::from_utf8(sample.rel_path).unwrap();
                 let original = std::fs::read(
                     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/imagefolder").join(rel),
                 )
                 .unwrap();
-                assert_eq!(source.load(sample).unwrap(), original, "{format:?} {rel}");
-                assert_eq!(source.stamp(sample).map(|s| s.size), Some(original.len() as u64));
+                assert_eq!(source.load(&sample).unwrap(), original, "{format:?} {rel}");
+                assert_eq!(source.stamp(&sample).map(|s| s.size), Some(original.len() as u64));
             }
         }
     }
@@ -199,7 +201,7 @@ mod tests {
             .find(|p| p.extension().is_some_and(|e| e == "tar"))
             .unwrap();
         let mut bytes = std::fs::read(&shard).unwrap();
-        let first = &listing.samples[0];
+        let first = &listing.samples.get(0);
         let image = source.load(first).unwrap();
         let at = bytes.windows(image.len()).position(|w| w == image.as_slice()).unwrap() + image.len() / 2;
         bytes[at] ^= 0xff;

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use super::{Listing, Source, SourceSample};
+use super::{Listing, Samples, Source, SourceSample};
 use crate::progress::Progress;
 use crate::{Error, Result};
 
@@ -74,12 +74,7 @@ impl ImageFolder {
     /// Only symlinks are `stat`ed: `read_dir` already says what every other entry is, and a
     /// file's size is learnt when it is read. On network file systems that is most of the
     /// listing time saved.
-    fn walk_class(
-        &self,
-        class_dir: &Path,
-        class: u32,
-        progress: &dyn Progress,
-    ) -> (Vec<SourceSample>, Vec<String>) {
+    fn walk_class(&self, class_dir: &Path, class: u32, progress: &dyn Progress) -> (Samples, Vec<String>) {
         let mut dirs: Vec<Dir> = Vec::new();
         let mut warnings = Vec::new();
         // Each directory carries the real (canonical) paths of itself and every directory above
@@ -134,20 +129,23 @@ impl ImageFolder {
         }
         dirs.sort_by(|a, b| python_cmp(OsStr::from_bytes(&a.rel), OsStr::from_bytes(&b.rel)));
         let class_name = class_dir.file_name().unwrap_or_default().as_bytes();
-        let samples = dirs
-            .into_iter()
-            .flat_map(|d| {
-                d.files.into_iter().map(move |name| {
-                    // Exactly as long as it needs: a million of these stay in memory.
-                    let mut rel_path = Vec::with_capacity(class_name.len() + d.rel.len() + 1 + name.len());
-                    rel_path.extend_from_slice(class_name);
-                    rel_path.extend_from_slice(&d.rel);
-                    rel_path.push(b'/');
-                    rel_path.extend_from_slice(name.as_bytes());
-                    SourceSample { index: 0, rel_path, class, size: 0 }
-                })
-            })
-            .collect();
+        let count = dirs.iter().map(|d| d.files.len()).sum();
+        let path_bytes = dirs
+            .iter()
+            .map(|d| d.files.iter().map(|f| class_name.len() + d.rel.len() + 1 + f.len()).sum::<usize>())
+            .sum();
+        let mut samples = Samples::with_capacity(count, path_bytes);
+        let mut rel_path = Vec::new();
+        for d in dirs {
+            for name in d.files {
+                rel_path.clear();
+                rel_path.extend_from_slice(class_name);
+                rel_path.extend_from_slice(&d.rel);
+                rel_path.push(b'/');
+                rel_path.extend_from_slice(name.as_bytes());
+                samples.push(&rel_path, class, 0);
+            }
+        }
         (samples, warnings)
     }
 }
@@ -211,18 +209,16 @@ impl Source for ImageFolder {
             warnings,
             ..Listing::default()
         };
-        // One allocation of the final size: growing by doubling would hold up to three times the
-        // listing while the last copy is made.
-        listing.samples.reserve_exact(walked.iter().map(|(samples, _)| samples.len()).sum());
+        // One allocation of the final size, and each class's samples dropped once copied: at
+        // most one class more than the listing is held.
+        let count = walked.iter().map(|(samples, _)| samples.len()).sum();
+        listing.samples = Samples::with_capacity(count, walked.iter().map(|(s, _)| s.path_bytes()).sum());
         for (i, (samples, warnings)) in walked.into_iter().enumerate() {
             if samples.is_empty() {
                 listing.empty_classes.push(listing.classes[i].clone());
             }
-            listing.samples.extend(samples);
+            listing.samples.extend(&samples);
             listing.warnings.extend(warnings);
-        }
-        for (i, sample) in listing.samples.iter_mut().enumerate() {
-            sample.index = i as u64;
         }
         Ok(listing)
     }
@@ -232,7 +228,7 @@ impl Source for ImageFolder {
     }
 
     fn name(&self, sample: &SourceSample) -> PathBuf {
-        self.root.join(super::os_path(&sample.rel_path))
+        self.root.join(super::os_path(sample.rel_path))
     }
 }
 
@@ -282,7 +278,7 @@ mod tests {
     }
 
     fn rels(listing: &Listing) -> Vec<String> {
-        listing.samples.iter().map(|s| String::from_utf8_lossy(&s.rel_path).into_owned()).collect()
+        listing.samples.iter().map(|s| String::from_utf8_lossy(s.rel_path).into_owned()).collect()
     }
 
     fn exts() -> [&'static str; 9] {
@@ -308,7 +304,7 @@ mod tests {
             ["a/.h.jpg", "a/B.png", "a/a.png", "b/z.jpg", "b/sub/a.JPG", "b/sub.x/a.jpg", "b/sub/deep/a.jpg"]
                 .map(String::from)
         );
-        assert_eq!(listing.samples[3].class, 1);
+        assert_eq!(listing.samples.get(3).class, 1);
         assert_eq!(listing.empty_classes, ["c_empty"]);
     }
 

@@ -7,21 +7,24 @@
 pub mod dataset;
 pub mod imagefolder;
 pub mod plan;
+pub mod samples;
+
+pub use samples::Samples;
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// One sample as a source lists it, before its bytes are read.
+/// One sample as a source lists it, before its bytes are read: a view into the listing's
+/// [`Samples`].
 ///
-/// A listing holds one per file, millions at a time, so it holds nothing a source can derive:
-/// where the file is and how messages name it come from the source ([`Source::name`],
-/// [`Source::file`]) and its relative path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SourceSample {
+/// It holds nothing a source can derive: where the file is and how messages name it come from
+/// the source ([`Source::name`], [`Source::file`]) and its relative path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceSample<'a> {
     /// Its position in the source, before any shuffle.
     pub index: u64,
     /// The path relative to the source root, as raw bytes with `/` separators.
-    pub rel_path: Vec<u8>,
+    pub rel_path: &'a [u8],
     /// Index into the source's class list.
     pub class: u32,
     /// Size in bytes if the listing knows it cheaply, else 0 (an ImageFolder listing does not
@@ -35,7 +38,7 @@ pub struct Listing {
     /// Class names in class-index order.
     pub classes: Vec<String>,
     /// Samples in order.
-    pub samples: Vec<SourceSample>,
+    pub samples: Samples,
     /// Classes that hold no sample; they keep their index.
     pub empty_classes: Vec<String>,
     /// Things worth telling the user that did not stop the listing (symlink loops,

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::split::Part;
-use crate::source::{Listing, Source, SourceSample, Stamp};
+use crate::source::{Listing, Samples, Source, SourceSample, Stamp};
 use crate::{Error, Result};
 
 /// The `format` value of a plan's header.
@@ -85,14 +85,16 @@ impl Planned {
     }
 }
 
-/// A plan, or the samples of one part of it.
+/// A plan, or the samples of one part of it, as a run packs it: each sample's path, class and
+/// planned size (the modification times are only for [`visit`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     /// The header.
     pub header: Header,
-    /// The samples in order: all of them, or one part's ([`Plan::read`]).
-    pub samples: Vec<Planned>,
-    /// The plan index of `samples[0]` (0 for a whole plan).
+    /// The samples in order: all of them, or one part's ([`Plan::read`]). Their indices are
+    /// their plan indices.
+    pub samples: Samples,
+    /// The plan index of the first sample (0 for a whole plan).
     pub first: u64,
 }
 
@@ -157,7 +159,7 @@ impl<'a> ListingPlan<'a> {
     /// Writes the plan to `path` atomically, one sample line at a time.
     pub fn write(&self, path: &Path) -> Result<()> {
         let lines = self.listing.samples.iter().zip(self.stamps).map(|(s, stamp)| {
-            let info = imgpack_reader::SampleInfo::new(&s.rel_path, "");
+            let info = imgpack_reader::SampleInfo::new(s.rel_path, "");
             let (size, mtime_ns) = stamp.map_or((0, 0), |s| (s.size, s.mtime_ns));
             Planned { path: info.path, path_hex: info.path_hex, class: s.class, size, mtime_ns }
         });
@@ -187,74 +189,95 @@ fn write_plan<P: Serialize>(path: &Path, header: &Header, samples: impl Iterator
     std::fs::rename(&temp, path).map_err(Error::io(path))
 }
 
-impl Plan {
-    /// Writes the plan to `path` atomically (a temporary beside it, synced, then renamed).
-    pub fn write(&self, path: &Path) -> Result<()> {
-        write_plan(path, &self.header, self.samples.iter())
-    }
+/// Writes a plan of `samples` lines with `header` (tests make plans by hand this way).
+#[cfg(test)]
+pub(crate) fn write_planned(path: &Path, header: &Header, samples: &[Planned]) -> Result<()> {
+    write_plan(path, header, samples.iter())
+}
 
+/// Reads the plan at `path` line by line: checks its header, and calls `visit` with the plan
+/// index and contents of each sample line that `part` selects (every line without a part);
+/// returns the header and the plan index where the part starts. [`Plan::read`] keeps what a run
+/// needs; a resumed run compares its saved listing this way without holding a copy of it.
+pub fn visit(
+    path: &Path,
+    part: Option<Part>,
+    mut visit: impl FnMut(u64, Planned) -> Result<()>,
+) -> Result<(Header, u64)> {
+    let bad = |reason: String| Error::BadSource {
+        path: path.to_path_buf(),
+        reason: format!("not a plan written by `pack plan`: {reason}"),
+    };
+    let file = File::open(path).map_err(Error::io(path))?;
+    let decoder = zstd::stream::Decoder::new(BufReader::new(file)).map_err(|e| bad(e.to_string()))?;
+    let mut reader = BufReader::with_capacity(1 << 20, decoder);
+    let mut line = String::new();
+    let mut next_line = |line: &mut String, n: u64| -> Result<bool> {
+        line.clear();
+        let read = reader.read_line(line).map_err(|e| bad(format!("line {n}: {e}")))?;
+        Ok(read > 0)
+    };
+    if !next_line(&mut line, 1)? {
+        return Err(bad("it is empty".into()));
+    }
+    let header: Header = serde_json::from_str(&line).map_err(|e| bad(format!("header: {e}")))?;
+    if header.format != FORMAT_NAME || header.version != PLAN_VERSION {
+        return Err(bad(format!(
+            "header says {:?} version {}; this pack reads {FORMAT_NAME} version {PLAN_VERSION}",
+            header.format, header.version
+        )));
+    }
+    /// What a part needs of every line, to place its cut: parsed without allocating.
+    #[derive(Deserialize)]
+    struct Size {
+        size: u64,
+    }
+    let (mut seen, mut bytes, mut first) = (0u64, 0u64, None);
+    while next_line(&mut line, seen + 2)? {
+        let n = seen + 2;
+        let size = serde_json::from_str::<Size>(&line).map_err(|e| bad(format!("line {n}: {e}")))?.size;
+        let (i, before) = (seen, bytes);
+        seen += 1;
+        bytes = bytes.saturating_add(size);
+        if let Some(p) = part {
+            if first.is_none() && p.reached(i, before, header.bytes, header.samples) {
+                first = Some(i);
+            }
+            if !p.selects(i, before, header.bytes, header.samples) {
+                continue;
+            }
+        }
+        let sample: Planned = serde_json::from_str(&line).map_err(|e| bad(format!("line {n}: {e}")))?;
+        if sample.class as usize >= header.classes.len() {
+            return Err(bad(format!("line {n}: class {} of {}", sample.class, header.classes.len())));
+        }
+        visit(i, sample)?;
+    }
+    if seen != header.samples || bytes != header.bytes {
+        return Err(bad(format!(
+            "its header promises {} samples of {} bytes, {seen} of {bytes} follow",
+            header.samples, header.bytes
+        )));
+    }
+    // A part that starts past the last sample is empty and starts at the end.
+    let first = if part.is_some() { first.unwrap_or(seen) } else { 0 };
+    Ok((header, first))
+}
+
+impl Plan {
     /// Reads the plan at `path`: all of it, or with `part` only that part's samples
     /// ([`Part::selects`]), so a part's memory follows the part's size, not the plan's.
     pub fn read(path: &Path, part: Option<Part>) -> Result<Plan> {
-        let bad = |reason: String| Error::BadSource {
-            path: path.to_path_buf(),
-            reason: format!("not a plan written by `pack plan`: {reason}"),
-        };
-        let file = File::open(path).map_err(Error::io(path))?;
-        let decoder = zstd::stream::Decoder::new(BufReader::new(file)).map_err(|e| bad(e.to_string()))?;
-        let mut reader = BufReader::with_capacity(1 << 20, decoder);
-        let mut line = String::new();
-        let mut next_line = |line: &mut String, n: u64| -> Result<bool> {
-            line.clear();
-            let read = reader.read_line(line).map_err(|e| bad(format!("line {n}: {e}")))?;
-            Ok(read > 0)
-        };
-        if !next_line(&mut line, 1)? {
-            return Err(bad("it is empty".into()));
-        }
-        let header: Header = serde_json::from_str(&line).map_err(|e| bad(format!("header: {e}")))?;
-        if header.format != FORMAT_NAME || header.version != PLAN_VERSION {
-            return Err(bad(format!(
-                "header says {:?} version {}; this pack reads {FORMAT_NAME} version {PLAN_VERSION}",
-                header.format, header.version
-            )));
-        }
-        /// What a part needs of every line, to place its cut: parsed without allocating.
-        #[derive(Deserialize)]
-        struct Size {
-            size: u64,
-        }
-        let share = part.map_or(header.samples, |p| header.samples / p.count + 1);
-        let mut samples = Vec::with_capacity(share.min(1 << 24) as usize);
-        let (mut seen, mut bytes, mut first) = (0u64, 0u64, None);
-        while next_line(&mut line, seen + 2)? {
-            let n = seen + 2;
-            let size = serde_json::from_str::<Size>(&line).map_err(|e| bad(format!("line {n}: {e}")))?.size;
-            let (i, before) = (seen, bytes);
-            seen += 1;
-            bytes = bytes.saturating_add(size);
-            if let Some(p) = part {
-                if first.is_none() && p.reached(i, before, header.bytes, header.samples) {
-                    first = Some(i);
-                }
-                if !p.selects(i, before, header.bytes, header.samples) {
-                    continue;
-                }
-            }
-            let sample: Planned = serde_json::from_str(&line).map_err(|e| bad(format!("line {n}: {e}")))?;
-            if sample.class as usize >= header.classes.len() {
-                return Err(bad(format!("line {n}: class {} of {}", sample.class, header.classes.len())));
-            }
-            samples.push(sample);
-        }
-        if seen != header.samples || bytes != header.bytes {
-            return Err(bad(format!(
-                "its header promises {} samples of {} bytes, {seen} of {bytes} follow",
-                header.samples, header.bytes
-            )));
-        }
-        // A part that starts past the last sample is empty and starts at the end.
-        let first = if part.is_some() { first.unwrap_or(seen) } else { 0 };
+        let mut samples = Samples::default();
+        let (header, first) = visit(path, part, |i, planned| {
+            let rel_path = planned_path(&planned).map_err(|reason| Error::BadSource {
+                path: path.to_path_buf(),
+                reason: format!("plan sample {i}: {reason}"),
+            })?;
+            samples.push(&rel_path, planned.class, planned.size);
+            Ok(())
+        })?;
+        samples.set_first(first);
         Ok(Plan { header, samples, first })
     }
 
@@ -289,14 +312,14 @@ pub fn make(
     let mut listing = source.list(progress)?;
     progress.finish();
     if let Some(seed) = seed {
-        crate::shuffle::shuffle(&mut listing.samples, seed);
+        listing.samples.shuffle(seed);
     }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.get())
         .build()
         .map_err(|e| Error::Threads { threads: threads.get(), reason: e.to_string() })?;
     let stamps: Vec<Option<Stamp>> =
-        pool.install(|| listing.samples.par_iter().map(|s| source.stamp(s)).collect());
+        pool.install(|| listing.samples.par_iter().map(|s| source.stamp(&s)).collect());
     let options = serde_json::json!({"extensions": extensions, "shuffle": seed.is_some(), "seed": seed});
     let plan = ListingPlan::new(root, options, &listing, &stamps)?;
     plan.write(out)?;
@@ -321,38 +344,34 @@ pub fn is_plan(path: &Path) -> bool {
 /// the planned root.
 #[derive(Debug)]
 pub struct PlanSource {
-    plan: Plan,
+    header: Header,
     root: PathBuf,
+    /// The plan's samples until [`Source::list`] hands them over: a run lists its source once,
+    /// and a plan of millions of samples is not copied for it.
+    samples: std::sync::Mutex<Option<Samples>>,
 }
 
 impl PlanSource {
     /// A source reading the samples of `plan`.
     pub fn new(plan: Plan) -> PlanSource {
         let root = PathBuf::from(&plan.header.root_abs);
-        PlanSource { plan, root }
+        PlanSource { header: plan.header, root, samples: std::sync::Mutex::new(Some(plan.samples)) }
     }
 }
 
 impl Source for PlanSource {
+    /// The plan's samples. Listed once: a second listing is an internal error.
     fn list(&self, _progress: &dyn crate::progress::Progress) -> Result<Listing> {
-        let samples = self
-            .plan
-            .samples
-            .iter()
-            .zip(self.plan.first..)
-            .map(|(s, i)| {
-                let rel_path = planned_path(s).map_err(|reason| Error::BadSource {
-                    path: self.root.clone(),
-                    reason: format!("plan sample {i}: {reason}"),
-                })?;
-                Ok(SourceSample { index: i, rel_path, class: s.class, size: s.size })
-            })
-            .collect::<Result<_>>()?;
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let samples = samples.ok_or_else(|| Error::BadSource {
+            path: self.root.clone(),
+            reason: "internal error: a plan's samples are listed once".into(),
+        })?;
         Ok(Listing {
-            classes: self.plan.header.classes.clone(),
+            classes: self.header.classes.clone(),
             samples,
-            empty_classes: self.plan.header.empty_classes.clone(),
-            warnings: self.plan.header.warnings.clone(),
+            empty_classes: self.header.empty_classes.clone(),
+            warnings: self.header.warnings.clone(),
         })
     }
 
@@ -364,11 +383,11 @@ impl Source for PlanSource {
     /// metadata records, and `pack merge` names skipped files by), not under the absolute root
     /// the file is read from.
     fn name(&self, sample: &SourceSample) -> PathBuf {
-        Path::new(&self.plan.header.root).join(os_path(&sample.rel_path))
+        Path::new(&self.header.root).join(os_path(sample.rel_path))
     }
 
     fn file(&self, sample: &SourceSample) -> PathBuf {
-        self.root.join(os_path(&sample.rel_path))
+        self.root.join(os_path(sample.rel_path))
     }
 }
 
@@ -397,25 +416,31 @@ mod tests {
             size,
             mtime_ns: 1,
         };
-        let plan = Plan {
-            header: Header {
-                format: FORMAT_NAME.into(),
-                version: PLAN_VERSION,
-                tool: crate::TOOL.into(),
-                root: "r".into(),
-                root_abs: "/r".into(),
-                options: serde_json::json!({}),
-                classes: vec!["c".into()],
-                empty_classes: vec![],
-                warnings: vec![],
-                samples: sizes.len() as u64,
-                bytes: sizes.iter().sum(),
-            },
-            samples: sizes.iter().enumerate().map(sample).collect(),
-            first: 0,
+        let header = Header {
+            format: FORMAT_NAME.into(),
+            version: PLAN_VERSION,
+            tool: crate::TOOL.into(),
+            root: "r".into(),
+            root_abs: "/r".into(),
+            options: serde_json::json!({}),
+            classes: vec!["c".into()],
+            empty_classes: vec![],
+            warnings: vec![],
+            samples: sizes.len() as u64,
+            bytes: sizes.iter().sum(),
         };
+        let planned: Vec<Planned> = sizes.iter().enumerate().map(sample).collect();
         let path = dir.path().join("p.plan");
-        plan.write(&path).unwrap();
+        write_planned(&path, &header, &planned).unwrap();
+        let kept = |plan: &Plan| -> Vec<(u64, String, u64)> {
+            plan.samples
+                .iter()
+                .map(|s| (s.index, String::from_utf8(s.rel_path.to_vec()).unwrap(), s.size))
+                .collect()
+        };
+        let expected = |range: std::ops::Range<usize>| -> Vec<(u64, String, u64)> {
+            range.map(|i| (i as u64, planned[i].path.clone(), planned[i].size)).collect()
+        };
         for count in [1, 2, 3, 5, 12] {
             let mut next = 0;
             for index in 0..count {
@@ -426,7 +451,7 @@ mod tests {
                 if !range.is_empty() {
                     assert_eq!(read.first as usize, range.start);
                 }
-                assert_eq!(read.samples, plan.samples[range.clone()], "{index}/{count}");
+                assert_eq!(kept(&read), expected(range.clone()), "{index}/{count}");
                 next = read.first + read.samples.len() as u64;
             }
             assert_eq!(next, sizes.len() as u64, "{count} parts cover the plan");
@@ -441,6 +466,6 @@ mod tests {
         let other = dir.path().join("other.plan");
         std::fs::write(&other, zstd::stream::encode_all(&b"{\"format\": \"x\"}\n"[..], 3).unwrap()).unwrap();
         assert!(!is_plan(&other));
-        assert_eq!(Plan::read(&spaced, None).unwrap().samples, plan.samples);
+        assert_eq!(kept(&Plan::read(&spaced, None).unwrap()), expected(0..sizes.len()));
     }
 }
