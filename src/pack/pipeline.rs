@@ -40,7 +40,7 @@ use crate::sink::{Durable, PackedSample, Sink};
 use crate::source::dataset::{is_packed, PackedDataset};
 use crate::source::imagefolder::ImageFolder;
 use crate::source::plan::{Plan, PlanSource};
-use crate::source::{Listing, Samples, Source, SourceSample, Stamp};
+use crate::source::{Listing, Samples, Source, SourceSample, Stamps};
 use crate::transcode::{Image, Transcoder};
 use crate::{Error, Result};
 
@@ -273,11 +273,11 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         ),
         _ => {
             bar.message("checking the source");
-            let stamps: Vec<Option<Stamp>> =
+            let stamps: Stamps =
                 io_pool.install(|| listing.samples.par_iter().map(|s| source.stamp(&s)).collect());
             // The stamps give the source size an ImageFolder listing does not: a better first
             // LMDB map size.
-            let stamped: u64 = stamps.iter().flatten().map(|s| s.size).sum();
+            let stamped: u64 = stamps.total_size();
             let hint = total_bytes.max(stamped);
             let keys = (first_key, width);
             let opened = open_resumable(config, &listing, &stamps, &run, keys, hint, &mut report)?;
@@ -459,7 +459,7 @@ fn rate_text(files: u64, bytes: u64, elapsed: std::time::Duration) -> String {
 fn open_resumable(
     config: &PackConfig,
     listing: &Listing,
-    stamps: &[Option<Stamp>],
+    stamps: &Stamps,
     run: &Run,
     (first_key, key_width): (u64, usize),
     total_bytes: u64,

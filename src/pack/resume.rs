@@ -29,7 +29,7 @@ use crate::pack::recorded::Run;
 use crate::pack::report::Skipped;
 use crate::pack::staged::Staged;
 use crate::source::plan::{self, Header, ListingPlan, Planned};
-use crate::source::{Listing, Samples, Source, Stamp};
+use crate::source::{Listing, Samples, Source, Stamp, Stamps};
 use crate::{Error, Result};
 
 /// The journal file in the temporary directory.
@@ -227,7 +227,7 @@ pub fn skipped(progress: &Progress, samples: &Samples, source: &dyn Source) -> V
 
 /// Saves the listing, with each sample's stamp, as a plan file that names no root
 /// ([`ListingPlan::of_listing`]): one format for plans and saved listings.
-pub fn save_listing(dir: &Path, listing: &Listing, stamps: &[Option<Stamp>]) -> Result<()> {
+pub fn save_listing(dir: &Path, listing: &Listing, stamps: &Stamps) -> Result<()> {
     ListingPlan::of_listing(listing, stamps).write(&dir.join(LISTING_FILE))
 }
 
@@ -246,7 +246,7 @@ fn visit_listing(dir: &Path, visit: impl FnMut(u64, Planned) -> Result<()>) -> R
 /// The saved listing is compared line by line as it is read, without a copy of it in memory:
 /// a listing of millions of samples that did not change costs no more than reading it. Only
 /// when something differs is it read again, to say what.
-pub fn changes(dir: &Path, listing: &Listing, stamps: &[Option<Stamp>]) -> Result<Option<String>> {
+pub fn changes(dir: &Path, listing: &Listing, stamps: &Stamps) -> Result<Option<String>> {
     let mut same = true;
     let header = visit_listing(dir, |i, planned| {
         same = same
@@ -255,7 +255,7 @@ pub fn changes(dir: &Path, listing: &Listing, stamps: &[Option<Stamp>]) -> Resul
                     None => planned.path.as_bytes() == now.rel_path,
                     Some(_) => planned.path_bytes().is_ok_and(|p| p == now.rel_path),
                 };
-                path && planned.class == now.class && planned.stamp() == stamps[i as usize]
+                path && planned.class == now.class && planned.stamp() == stamps.get(i as usize)
             });
         Ok(())
     })?;
@@ -275,7 +275,7 @@ pub fn changes(dir: &Path, listing: &Listing, stamps: &[Option<Stamp>]) -> Resul
     let before: HashMap<&[u8], (u32, Option<Stamp>)> =
         saved.iter().map(|(rel, class, stamp)| (rel.as_slice(), (*class, *stamp))).collect();
     let now: HashMap<&[u8], (u32, Option<Stamp>)> =
-        listing.samples.iter().zip(stamps).map(|(s, stamp)| (s.rel_path, (s.class, *stamp))).collect();
+        listing.samples.iter().zip(stamps.iter()).map(|(s, stamp)| (s.rel_path, (s.class, stamp))).collect();
     let name = |rel: &[u8]| String::from_utf8_lossy(rel).into_owned();
     let mut added: Vec<String> = now.keys().filter(|k| !before.contains_key(*k)).map(|k| name(k)).collect();
     let mut removed: Vec<String> = before.keys().filter(|k| !now.contains_key(*k)).map(|k| name(k)).collect();
@@ -377,25 +377,26 @@ mod tests {
             samples: samples(&[("a/1.jpg", 0), ("b/\u{e9}.jpg", 1)]),
             ..Listing::default()
         };
-        let stamps = [Some(Stamp { size: 5, mtime_ns: 7 }), None];
+        let stamps: Stamps = [Some(Stamp { size: 5, mtime_ns: 7 }), None].into_iter().collect();
         save_listing(dir.path(), &listing, &stamps).unwrap();
         let (header, saved) = saved(dir.path());
         assert_eq!(header.classes, listing.classes);
-        assert_eq!(saved[0].stamp(), stamps[0]);
+        assert_eq!(saved[0].stamp(), stamps.get(0));
         assert_eq!((saved[1].class, saved[1].stamp()), (1, None), "no stamp stays none");
         assert_eq!(saved[1].path_bytes().unwrap(), "b/\u{e9}.jpg".as_bytes());
         assert_eq!(changes(dir.path(), &listing, &stamps).unwrap(), None);
         // The saved listing is a plan, read by the plan reader.
         assert!(crate::source::plan::is_plan(&dir.path().join(LISTING_FILE)));
         // A file that can be stat-ed now but could not then has changed.
-        let now = [stamps[0], Some(Stamp { size: 1, mtime_ns: 1 })];
+        let now: Stamps = [stamps.get(0), Some(Stamp { size: 1, mtime_ns: 1 })].into_iter().collect();
         assert_eq!(
             changes(dir.path(), &listing, &now).unwrap().as_deref(),
             Some("1 modified (b/\u{e9}.jpg)")
         );
         // The same files in another order.
         let swapped = Listing { samples: samples(&[("b/\u{e9}.jpg", 1), ("a/1.jpg", 0)]), ..listing.clone() };
-        let text = changes(dir.path(), &swapped, &[stamps[1], stamps[0]]).unwrap();
+        let text =
+            changes(dir.path(), &swapped, &[stamps.get(1), stamps.get(0)].into_iter().collect()).unwrap();
         assert_eq!(text.as_deref(), Some("the same files list in another order"));
     }
 
@@ -409,10 +410,10 @@ mod tests {
         };
         let one = Some(Stamp { size: 1, mtime_ns: 1 });
         let dir = tempfile::tempdir().unwrap();
-        save_listing(dir.path(), &before, &[one, one]).unwrap();
+        save_listing(dir.path(), &before, &[one, one].into_iter().collect()).unwrap();
         let listing =
             Listing { classes, samples: samples(&[("a/1.jpg", 0), ("a/3.jpg", 0)]), ..Listing::default() };
-        let stamps = [Some(Stamp { size: 2, mtime_ns: 1 }), one];
+        let stamps: Stamps = [Some(Stamp { size: 2, mtime_ns: 1 }), one].into_iter().collect();
         let text = changes(dir.path(), &listing, &stamps).unwrap().unwrap();
         assert_eq!(text, "1 added (a/3.jpg); 1 removed (a/2.jpg); 1 modified (a/1.jpg)");
     }

@@ -87,6 +87,58 @@ pub struct Stamp {
     pub mtime_ns: i64,
 }
 
+/// Every listed sample's [`Stamp`], in listing order, 16 bytes each (an `Option<Stamp>` takes
+/// 24): a sample that could not be `stat`ed is held as size 0 and time 0, as a plan records it,
+/// and read back as `None`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stamps(Vec<Stamp>);
+
+impl Stamps {
+    const NONE: Stamp = Stamp { size: 0, mtime_ns: 0 };
+
+    /// The stamp of the sample at `position`; `None` if it could not be `stat`ed.
+    ///
+    /// # Panics
+    ///
+    /// If `position` is out of range.
+    pub fn get(&self, position: usize) -> Option<Stamp> {
+        Some(self.0[position]).filter(|s| *s != Stamps::NONE)
+    }
+
+    /// The stamps in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = Option<Stamp>> + '_ {
+        (0..self.0.len()).map(|i| self.get(i))
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The sizes summed.
+    pub fn total_size(&self) -> u64 {
+        self.0.iter().map(|s| s.size).sum()
+    }
+}
+
+impl FromIterator<Option<Stamp>> for Stamps {
+    fn from_iter<I: IntoIterator<Item = Option<Stamp>>>(iter: I) -> Stamps {
+        Stamps(iter.into_iter().map(|s| s.unwrap_or(Stamps::NONE)).collect())
+    }
+}
+
+impl rayon::iter::FromParallelIterator<Option<Stamp>> for Stamps {
+    fn from_par_iter<I: rayon::iter::IntoParallelIterator<Item = Option<Stamp>>>(iter: I) -> Stamps {
+        use rayon::iter::ParallelIterator;
+        Stamps(iter.into_par_iter().map(|s| s.unwrap_or(Stamps::NONE)).collect())
+    }
+}
+
 impl Stamp {
     /// The stamp of the file at `path`, following symlinks as reading does; `None` when it
     /// cannot be `stat`ed.

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::split::Part;
-use crate::source::{Listing, Samples, Source, SourceSample, Stamp};
+use crate::source::{Listing, Samples, Source, SourceSample, Stamp, Stamps};
 use crate::{Error, Result};
 
 /// The `format` value of a plan's header.
@@ -106,7 +106,7 @@ pub struct ListingPlan<'a> {
     /// The header, complete.
     pub header: Header,
     listing: &'a Listing,
-    stamps: &'a [Option<Stamp>],
+    stamps: &'a Stamps,
 }
 
 impl<'a> ListingPlan<'a> {
@@ -116,7 +116,7 @@ impl<'a> ListingPlan<'a> {
         root: &Path,
         options: serde_json::Value,
         listing: &'a Listing,
-        stamps: &'a [Option<Stamp>],
+        stamps: &'a Stamps,
     ) -> Result<ListingPlan<'a>> {
         let root_abs = root.canonicalize().map_err(Error::io(root))?;
         let text = |p: &Path| {
@@ -135,8 +135,8 @@ impl<'a> ListingPlan<'a> {
     /// A plan of `listing` with the samples' `stamps` that names no root and no options: what
     /// a resumable run saves of its listing, to tell later whether the source changed
     /// ([`crate::pack::resume`]). One format for both, so one reader and one writer.
-    pub fn of_listing(listing: &'a Listing, stamps: &'a [Option<Stamp>]) -> ListingPlan<'a> {
-        let bytes = stamps.iter().flatten().map(|s| s.size).sum();
+    pub fn of_listing(listing: &'a Listing, stamps: &'a Stamps) -> ListingPlan<'a> {
+        let bytes = stamps.total_size();
         ListingPlan {
             header: Header {
                 format: FORMAT_NAME.into(),
@@ -158,7 +158,7 @@ impl<'a> ListingPlan<'a> {
 
     /// Writes the plan to `path` atomically, one sample line at a time.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let lines = self.listing.samples.iter().zip(self.stamps).map(|(s, stamp)| {
+        let lines = self.listing.samples.iter().zip(self.stamps.iter()).map(|(s, stamp)| {
             let info = imgpack_reader::SampleInfo::new(s.rel_path, "");
             let (size, mtime_ns) = stamp.map_or((0, 0), |s| (s.size, s.mtime_ns));
             Planned { path: info.path, path_hex: info.path_hex, class: s.class, size, mtime_ns }
@@ -318,8 +318,7 @@ pub fn make(
         .num_threads(threads.get())
         .build()
         .map_err(|e| Error::Threads { threads: threads.get(), reason: e.to_string() })?;
-    let stamps: Vec<Option<Stamp>> =
-        pool.install(|| listing.samples.par_iter().map(|s| source.stamp(&s)).collect());
+    let stamps: Stamps = pool.install(|| listing.samples.par_iter().map(|s| source.stamp(&s)).collect());
     let options = serde_json::json!({"extensions": extensions, "shuffle": seed.is_some(), "seed": seed});
     let plan = ListingPlan::new(root, options, &listing, &stamps)?;
     plan.write(out)?;
