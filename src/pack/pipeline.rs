@@ -299,8 +299,9 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     let mut chunker = Chunker::with_budget(config.checkpoint_bytes);
     let (tx, rx) = mpsc::sync_channel::<Vec<Result<(Image, u32), String>>>(1);
     // Read ahead at most a chunk's budget: 32 MiB, less when asked to checkpoint more often, so
-    // such a run also reads little past the sample it will stop at.
-    let readahead = Readahead::new(start..listing.samples.len(), chunker.budget);
+    // such a run also reads little past the sample it will stop at; and at most two chunks'
+    // worth of samples, however small they are.
+    let readahead = Readahead::new(start..listing.samples.len(), chunker.budget, 2 * CHUNK_SAMPLES);
     let written = std::thread::scope(|scope| -> Result<()> {
         let samples = &listing.samples;
         let source = &*source;

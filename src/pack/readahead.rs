@@ -26,6 +26,8 @@ pub struct Readahead<T> {
     /// ... and when the budget allows another read (for one reader, which passes it on).
     room: Condvar,
     budget: u64,
+    /// At most this many samples read and not taken, or being read.
+    max_items: u64,
 }
 
 #[derive(Debug)]
@@ -49,8 +51,11 @@ struct State<T> {
 }
 
 impl<T> Readahead<T> {
-    /// A readahead of `range`, holding about `budget` bytes at most.
-    pub fn new(range: Range<usize>, budget: u64) -> Readahead<T> {
+    /// A readahead of `range`, holding about `budget` bytes at most, and at most `max_items`
+    /// samples (read or being read): small files would otherwise fill the budget with tens of
+    /// thousands of samples, each with its own allocation, far more than the consumer takes at
+    /// once.
+    pub fn new(range: Range<usize>, budget: u64, max_items: usize) -> Readahead<T> {
         Readahead {
             state: Mutex::new(State {
                 next: range.start,
@@ -66,6 +71,7 @@ impl<T> Readahead<T> {
             read: Condvar::new(),
             room: Condvar::new(),
             budget,
+            max_items: max_items.max(1) as u64,
         }
     }
 
@@ -99,7 +105,7 @@ impl<T> Readahead<T> {
                     if state.stopped || state.next >= state.end {
                         return;
                     }
-                    if state.may_start(self.budget) {
+                    if state.may_start(self.budget, self.max_items) {
                         break;
                     }
                     state = self.room.wait(state).unwrap_or_else(|e| e.into_inner());
@@ -108,7 +114,7 @@ impl<T> Readahead<T> {
                 state.in_flight += 1;
                 if state.next >= state.end {
                     self.room.notify_all(); // nothing left: every reader may return
-                } else if state.may_start(self.budget) {
+                } else if state.may_start(self.budget, self.max_items) {
                     self.room.notify_one();
                 }
                 state.next - 1
@@ -120,7 +126,7 @@ impl<T> Readahead<T> {
             state.finished_bytes += bytes;
             state.buffered += bytes;
             state.ready.insert(index, (item, bytes));
-            if state.may_start(self.budget) {
+            if state.may_start(self.budget, self.max_items) {
                 self.room.notify_one();
             }
             drop(state);
@@ -135,7 +141,7 @@ impl<T> Readahead<T> {
         loop {
             if let Some((item, bytes)) = state.ready.remove(&index) {
                 state.buffered -= bytes;
-                if state.may_start(self.budget) {
+                if state.may_start(self.budget, self.max_items) {
                     self.room.notify_one();
                 }
                 return Some(item);
@@ -160,7 +166,7 @@ impl<T> Readahead<T> {
     fn wait_idle(&self) {
         let mut state = self.lock();
         while state.in_flight > 0
-            || (!state.stopped && state.next < state.end && state.may_start(self.budget))
+            || (!state.stopped && state.next < state.end && state.may_start(self.budget, self.max_items))
         {
             state = self.read.wait(state).unwrap_or_else(|e| e.into_inner());
         }
@@ -171,7 +177,10 @@ impl<T> State<T> {
     /// Whether one more read fits the budget: the bytes held plus the reads in flight (this one
     /// included) at the average size read so far. Before any read has finished the size is
     /// unknown, so one read at a time; with nothing held, a read always starts.
-    fn may_start(&self, budget: u64) -> bool {
+    fn may_start(&self, budget: u64, max_items: u64) -> bool {
+        if self.ready.len() as u64 + self.in_flight >= max_items {
+            return false;
+        }
         if self.buffered == 0 && self.in_flight == 0 {
             return true;
         }
@@ -242,7 +251,18 @@ mod tests {
         readers: usize,
         consume: impl FnOnce(&Readahead<Vec<u8>>) -> R,
     ) -> R {
-        let readahead = Readahead::new(0..n, budget);
+        with_capped_readers(source, n, (budget, usize::MAX), readers, consume)
+    }
+
+    /// [`with_readers`] with a cap on the samples held as well as a budget.
+    fn with_capped_readers<R>(
+        source: &Counted,
+        n: usize,
+        (budget, max_items): (u64, usize),
+        readers: usize,
+        consume: impl FnOnce(&Readahead<Vec<u8>>) -> R,
+    ) -> R {
+        let readahead = Readahead::new(0..n, budget, max_items);
         std::thread::scope(|scope| {
             for _ in 0..readers {
                 scope.spawn(|| readahead.serve(|i| source.read(i)));
@@ -288,6 +308,22 @@ mod tests {
     }
 
     #[test]
+    fn the_stage_holds_no_more_samples_than_its_cap() {
+        // Samples of 10 bytes: the 100,000-byte budget would take 10,000 of them; the cap 50.
+        let source = Counted::new(10);
+        with_capped_readers(&source, 1000, (100_000, 50), 16, |readahead| {
+            readahead.wait_idle();
+            assert_eq!(source.reads(), 50, "read ahead exactly the cap");
+            assert_eq!(source.take(readahead, 0)[0], 0);
+            readahead.wait_idle();
+            assert_eq!(source.reads(), 51, "one taken, one more read");
+            for i in 1..1000 {
+                assert_eq!(source.take(readahead, i)[0], i as u8);
+            }
+        });
+    }
+
+    #[test]
     fn a_sample_larger_than_the_budget_is_read_alone() {
         let source = Counted::new(1 << 20);
         with_readers(&source, 5, 1000, 8, |readahead| {
@@ -317,7 +353,7 @@ mod tests {
 
     #[test]
     fn a_reader_that_panics_does_not_leave_the_consumer_waiting() {
-        let readahead = Readahead::<u64>::new(0..10, 1000);
+        let readahead = Readahead::<u64>::new(0..10, 1000, usize::MAX);
         std::thread::scope(|scope| {
             let reader = scope.spawn(|| {
                 readahead.serve(|i| {

@@ -199,26 +199,29 @@ impl Source for ImageFolder {
             ));
         }
         classes.sort_by(|a, b| a.0.cmp(&b.0));
-        let walked: Vec<_> = classes
-            .par_iter()
-            .enumerate()
-            .map(|(i, (_, name))| self.walk_class(&root.join(name), i as u32, progress))
-            .collect();
         let mut listing = Listing {
             classes: classes.iter().map(|(_, n)| n.to_string_lossy().into_owned()).collect(),
             warnings,
             ..Listing::default()
         };
-        // One allocation of the final size, and each class's samples dropped once copied: at
-        // most one class more than the listing is held.
-        let count = walked.iter().map(|(samples, _)| samples.len()).sum();
-        listing.samples = Samples::with_capacity(count, walked.iter().map(|(s, _)| s.path_bytes()).sum());
-        for (i, (samples, warnings)) in walked.into_iter().enumerate() {
-            if samples.is_empty() {
-                listing.empty_classes.push(listing.classes[i].clone());
+        // Classes are walked in parallel a few at a time, and each window's samples are
+        // appended in class order and dropped before the next is walked: walking them all first
+        // held every sample twice (each class's own, then the listing's copy) at the peak. The
+        // listing's buffers grow in place (large allocations are remapped, not copied).
+        let window = rayon::current_num_threads().max(1) * 4;
+        for (w, names) in classes.chunks(window).enumerate() {
+            let walked: Vec<_> = names
+                .par_iter()
+                .enumerate()
+                .map(|(i, (_, name))| self.walk_class(&root.join(name), (w * window + i) as u32, progress))
+                .collect();
+            for (i, (samples, warnings)) in walked.into_iter().enumerate() {
+                if samples.is_empty() {
+                    listing.empty_classes.push(listing.classes[w * window + i].clone());
+                }
+                listing.samples.extend(&samples);
+                listing.warnings.extend(warnings);
             }
-            listing.samples.extend(&samples);
-            listing.warnings.extend(warnings);
         }
         Ok(listing)
     }
