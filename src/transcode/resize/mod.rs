@@ -1,10 +1,13 @@
 //! Output geometry: the target size for `--resize-shorter` / `--max-side`, the SIMD resize
-//! itself (fast_image_resize convolutions, antialiased when shrinking), and torchvision's
-//! `CenterCrop`.
+//! itself (antialiased when shrinking: fast_image_resize convolutions for RGB, [`plane`] for the
+//! one-channel planes of the YCbCr re-encode path), and torchvision's `CenterCrop`.
+
+mod plane;
+mod weights;
 
 use std::cell::RefCell;
 
-use fast_image_resize::images::{Image as FirImage, ImageRef};
+use fast_image_resize::images::Image as FirImage;
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
 use super::pixels::Pixels;
@@ -150,13 +153,9 @@ pub fn resize_plane(
     height: usize,
     filter: Filter,
 ) -> Result<Vec<u8>, String> {
-    let src = ImageRef::new(stride_w as u32, stride_h as u32, plane, PixelType::U8)
-        .map_err(|e| format!("resize: {e}"))?;
-    let mut dst = FirImage::new(width as u32, height as u32, PixelType::U8);
-    let options =
-        ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter.fir())).crop(0.0, 0.0, crop.0, crop.1);
-    RESIZER.with(|r| r.borrow_mut().resize(&src, &mut dst, &options)).map_err(|e| format!("resize: {e}"))?;
-    Ok(dst.into_vec())
+    let mut out = vec![0u8; width * height];
+    plane::resize(plane, (stride_w, stride_h), crop, &mut out, width, (width, height), filter)?;
+    Ok(out)
 }
 
 /// Like [`resize_plane`], but writes into the top-left `width` x `height` of `dst`, a plane
@@ -173,16 +172,10 @@ pub fn resize_plane_into(
     (width, height): (usize, usize),
     filter: Filter,
 ) -> Result<(), String> {
-    let src = ImageRef::new(stride_w as u32, stride_h as u32, plane, PixelType::U8)
-        .map_err(|e| format!("resize: {e}"))?;
-    let mut whole = FirImage::from_slice_u8(dst_w as u32, dst_h as u32, dst, PixelType::U8)
-        .map_err(|e| format!("resize: {e}"))?;
-    let mut view =
-        fast_image_resize::images::CroppedImageMut::new(&mut whole, 0, 0, width as u32, height as u32)
-            .map_err(|e| format!("resize: {e}"))?;
-    let options =
-        ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter.fir())).crop(0.0, 0.0, crop.0, crop.1);
-    RESIZER.with(|r| r.borrow_mut().resize(&src, &mut view, &options)).map_err(|e| format!("resize: {e}"))?;
+    if dst.len() < dst_w * dst_h || width > dst_w || height > dst_h || width == 0 || height == 0 {
+        return Err(format!("resize: {width}x{height} into a {dst_w}x{dst_h} plane of {} bytes", dst.len()));
+    }
+    plane::resize(plane, (stride_w, stride_h), crop, dst, dst_w, (width, height), filter)?;
     for y in 0..height {
         let row = &mut dst[y * dst_w..(y + 1) * dst_w];
         let last = row[width - 1];
