@@ -98,8 +98,16 @@ impl ImageFolder {
                 let Ok(kind) = entry.file_type() else { continue };
                 // os.walk follows symlinks (`is_dir()`): a link to a directory is walked, and a
                 // dangling link is a non-directory.
+                // One stat tells a link to a file from a link to a directory; only the latter
+                // needs its real path (for the loop check), which costs a `readlink` per path
+                // component: ten system calls a file in a subset made of links to files.
                 let target = if kind.is_symlink() {
-                    fs::canonicalize(entry.path()).ok().filter(|t| t.is_dir())
+                    match fs::metadata(entry.path()) {
+                        Ok(meta) if meta.is_dir() => {
+                            fs::canonicalize(entry.path()).ok().filter(|t| t.is_dir())
+                        }
+                        _ => None,
+                    }
                 } else {
                     None
                 };

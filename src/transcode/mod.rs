@@ -222,10 +222,14 @@ impl Transcoder {
                 let orientation = decode::orientation(&bytes, format, &self.decode);
                 let (tw, th) = oriented_target(orientation, width, height, d.resize, d.upscale);
                 decode::check_target((width, height), (tw, th), &self.decode)?;
-                let mut pixels = self.decode_to(&bytes, format, tw, th, d.filter)?;
-                if let Some(n) = d.center_crop {
-                    pixels = resize::center_crop(pixels, n);
-                }
+                // With a centre crop, only the pixels it keeps are resized.
+                let pixels = match d.center_crop {
+                    Some(n) => {
+                        let decoded = decode::decode(&bytes, format, &self.decode, Some((tw, th)))?;
+                        resize::resize_center_crop(decoded, tw, th, n, d.filter)?
+                    }
+                    None => self.decode_to(&bytes, format, tw, th, d.filter)?,
+                };
                 let npy = encode::npy(&pixels);
                 let (ext, bytes) = match d.zstd_level {
                     Some(level) => (NPY_ZSTD_FIELD, encode::zstd(&npy, level)?),

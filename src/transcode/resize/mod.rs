@@ -1,10 +1,13 @@
 //! Output geometry: the target size for `--resize-shorter` / `--max-side`, the SIMD resize
-//! itself (fast_image_resize convolutions, antialiased when shrinking), and torchvision's
-//! `CenterCrop`.
+//! itself (antialiased when shrinking: fast_image_resize convolutions for RGB, [`plane`] for the
+//! one-channel planes of the YCbCr re-encode path), and torchvision's `CenterCrop`.
+
+mod plane;
+mod weights;
 
 use std::cell::RefCell;
 
-use fast_image_resize::images::{Image as FirImage, ImageRef};
+use fast_image_resize::images::Image as FirImage;
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
 use super::pixels::Pixels;
@@ -150,13 +153,9 @@ pub fn resize_plane(
     height: usize,
     filter: Filter,
 ) -> Result<Vec<u8>, String> {
-    let src = ImageRef::new(stride_w as u32, stride_h as u32, plane, PixelType::U8)
-        .map_err(|e| format!("resize: {e}"))?;
-    let mut dst = FirImage::new(width as u32, height as u32, PixelType::U8);
-    let options =
-        ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter.fir())).crop(0.0, 0.0, crop.0, crop.1);
-    RESIZER.with(|r| r.borrow_mut().resize(&src, &mut dst, &options)).map_err(|e| format!("resize: {e}"))?;
-    Ok(dst.into_vec())
+    let mut out = vec![0u8; width * height];
+    plane::resize(plane, (stride_w, stride_h), crop, &mut out, width, (width, height), filter)?;
+    Ok(out)
 }
 
 /// Like [`resize_plane`], but writes into the top-left `width` x `height` of `dst`, a plane
@@ -173,16 +172,10 @@ pub fn resize_plane_into(
     (width, height): (usize, usize),
     filter: Filter,
 ) -> Result<(), String> {
-    let src = ImageRef::new(stride_w as u32, stride_h as u32, plane, PixelType::U8)
-        .map_err(|e| format!("resize: {e}"))?;
-    let mut whole = FirImage::from_slice_u8(dst_w as u32, dst_h as u32, dst, PixelType::U8)
-        .map_err(|e| format!("resize: {e}"))?;
-    let mut view =
-        fast_image_resize::images::CroppedImageMut::new(&mut whole, 0, 0, width as u32, height as u32)
-            .map_err(|e| format!("resize: {e}"))?;
-    let options =
-        ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter.fir())).crop(0.0, 0.0, crop.0, crop.1);
-    RESIZER.with(|r| r.borrow_mut().resize(&src, &mut view, &options)).map_err(|e| format!("resize: {e}"))?;
+    if dst.len() < dst_w * dst_h || width > dst_w || height > dst_h || width == 0 || height == 0 {
+        return Err(format!("resize: {width}x{height} into a {dst_w}x{dst_h} plane of {} bytes", dst.len()));
+    }
+    plane::resize(plane, (stride_w, stride_h), crop, dst, dst_w, (width, height), filter)?;
     for y in 0..height {
         let row = &mut dst[y * dst_w..(y + 1) * dst_w];
         let last = row[width - 1];
@@ -204,17 +197,55 @@ pub fn center_crop(pixels: Pixels, n: u32) -> Pixels {
     let (pw, ph) = (w.max(n_us), h.max(n_us));
     let (left, top) = (round_half_even_half(pw - n_us), round_half_even_half(ph - n_us));
     let mut data = vec![0u8; n_us * n_us * c];
+    // Output columns x (x + left - pad_x in 0..w) come from source columns sx: one run a row.
+    let x_from = pad_x.saturating_sub(left);
+    let x_to = (w + pad_x).saturating_sub(left).min(n_us);
     for y in 0..n_us {
         let sy = (y + top).checked_sub(pad_y).filter(|&sy| sy < h);
         let Some(sy) = sy else { continue };
-        for x in 0..n_us {
-            if let Some(sx) = (x + left).checked_sub(pad_x).filter(|&sx| sx < w) {
-                let (dst, src) = ((y * n_us + x) * c, (sy * w + sx) * c);
-                data[dst..dst + c].copy_from_slice(&pixels.data[src..src + c]);
-            }
+        if x_from < x_to {
+            let sx = x_from + left - pad_x;
+            let (dst, src) = ((y * n_us + x_from) * c, (sy * w + sx) * c);
+            let len = (x_to - x_from) * c;
+            data[dst..dst + len].copy_from_slice(&pixels.data[src..src + len]);
         }
     }
     Pixels { width: n, height: n, channels: pixels.channels, data }
+}
+
+/// [`resize`] to `width` x `height`, then torchvision's `CenterCrop(n)`, computing only the
+/// pixels the crop keeps: a 341 x 256 resize cropped to 224 x 224 spends a third less on the
+/// horizontal pass and the weights. The window is resized as a crop of the source at the same
+/// scale, so its pixels are the full resize's up to the last bit of the window's position in
+/// floating point. With no resize, or a crop larger than the image (padding), it is
+/// [`resize`] then [`center_crop`].
+pub fn resize_center_crop(
+    pixels: Pixels,
+    width: u32,
+    height: u32,
+    n: u32,
+    filter: Filter,
+) -> Result<Pixels, String> {
+    let resized = (pixels.width, pixels.height) != (width, height);
+    if !resized || n > width || n > height {
+        return Ok(center_crop(resize(pixels, width, height, filter)?, n));
+    }
+    let (left, top) =
+        (round_half_even_half((width - n) as usize), round_half_even_half((height - n) as usize));
+    let (sx, sy) = (f64::from(pixels.width) / f64::from(width), f64::from(pixels.height) / f64::from(height));
+    let kind = if pixels.channels == 1 { PixelType::U8 } else { PixelType::U8x3 };
+    let channels = pixels.channels;
+    let src = FirImage::from_vec_u8(pixels.width, pixels.height, pixels.data, kind)
+        .map_err(|e| format!("resize: {e}"))?;
+    let mut dst = FirImage::new(n, n, kind);
+    let window = (left as f64 * sx, top as f64 * sy, f64::from(n) * sx, f64::from(n) * sy);
+    // At the edges the window may end a rounding error past the image: clamp it inside.
+    let w = window.2.min(f64::from(src.width()) - window.0);
+    let h = window.3.min(f64::from(src.height()) - window.1);
+    let options =
+        ResizeOptions::new().resize_alg(ResizeAlg::Convolution(filter.fir())).crop(window.0, window.1, w, h);
+    RESIZER.with(|r| r.borrow_mut().resize(&src, &mut dst, &options)).map_err(|e| format!("resize: {e}"))?;
+    Ok(Pixels { width: n, height: n, channels, data: dst.into_vec() })
 }
 
 /// `round(d / 2)` with Python's round-half-to-even.
@@ -264,6 +295,55 @@ mod tests {
         assert_eq!(round_half_even_half(1), 0);
         assert_eq!(round_half_even_half(3), 2);
         assert_eq!(round_half_even_half(5), 2);
+    }
+
+    #[test]
+    fn center_crop_by_rows_matches_the_pixel_by_pixel_definition() {
+        let reference = |p: &Pixels, n: usize| {
+            let (w, h, c) = (p.width as usize, p.height as usize, p.channels as usize);
+            let (pad_x, pad_y) = (n.saturating_sub(w) / 2, n.saturating_sub(h) / 2);
+            let (left, top) = (round_half_even_half(w.max(n) - n), round_half_even_half(h.max(n) - n));
+            let mut out = vec![0u8; n * n * c];
+            for y in 0..n {
+                for x in 0..n {
+                    let sy = (y + top).checked_sub(pad_y).filter(|&s| s < h);
+                    let sx = (x + left).checked_sub(pad_x).filter(|&s| s < w);
+                    if let (Some(sx), Some(sy)) = (sx, sy) {
+                        out[(y * n + x) * c..][..c].copy_from_slice(&p.data[(sy * w + sx) * c..][..c]);
+                    }
+                }
+            }
+            out
+        };
+        for (w, h, n) in [(7, 5, 3), (5, 7, 6), (4, 4, 9), (10, 3, 4), (3, 10, 4), (6, 6, 6)] {
+            let p =
+                Pixels { width: w, height: h, channels: 3, data: (0..w * h * 3).map(|v| v as u8).collect() };
+            let want = reference(&p, n as usize);
+            assert_eq!(center_crop(p, n).data, want, "{w}x{h} crop {n}");
+        }
+    }
+
+    #[test]
+    fn resizing_only_the_centre_gives_the_full_resize_cropped() {
+        for (name, (w, h), n) in [
+            ("space/rocket_01.jpg", (97, 65), 50),
+            ("cat/chelsea_03.jpg", (125, 100), 100),
+            ("cat/chelsea_03.jpg", (60, 48), 48),
+        ] {
+            for filter in [Filter::Lanczos3, Filter::Bilinear] {
+                let full = center_crop(resize(photo(name), w, h, filter).unwrap(), n);
+                let window = resize_center_crop(photo(name), w, h, n, filter).unwrap();
+                assert_eq!((window.width, window.height), (n, n));
+                let worst = full.data.iter().zip(&window.data).map(|(&a, &b)| a.abs_diff(b)).max().unwrap();
+                assert!(worst <= 1, "{name} {w}x{h} crop {n} {filter:?}: off by {worst}");
+            }
+        }
+        // Padding and no resize take the plain path.
+        let small = Pixels { width: 3, height: 2, channels: 3, data: vec![5; 18] };
+        assert_eq!(
+            resize_center_crop(small.clone(), 3, 2, 4, Filter::Lanczos3).unwrap(),
+            center_crop(small, 4)
+        );
     }
 
     #[test]
