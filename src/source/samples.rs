@@ -138,7 +138,7 @@ impl Samples {
         self.sizes.iter().sum()
     }
 
-    /// Puts the samples in the order [`crate::shuffle::shuffle`] gives them for `seed`.
+    /// Puts the samples in the order `crate::shuffle::shuffle` gives them for `seed`.
     ///
     /// # Panics
     ///

@@ -1,5 +1,5 @@
 //! Output geometry: the target size for `--resize-shorter` / `--max-side`, the SIMD resize
-//! itself (antialiased when shrinking: fast_image_resize convolutions for RGB, [`plane`] for the
+//! itself (antialiased when shrinking: fast_image_resize convolutions for RGB, `plane` for the
 //! one-channel planes of the YCbCr re-encode path), and torchvision's `CenterCrop`.
 
 mod plane;
