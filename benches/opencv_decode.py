@@ -8,14 +8,12 @@ Usage: opencv_decode.py TREE OUT.lmdb [--workers 2] [--size 256] [--crop 224]
 
 import argparse
 import io
-import multiprocessing as mp
 import sys
 
 import cv2
-import lmdb
 import numpy
 
-from opencv_reencode import listing
+from opencv_reencode import pack_with_pool
 
 SIZE = 256
 CROP = 224
@@ -56,20 +54,7 @@ def main():
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--crop", type=int, default=224)
     a = p.parse_args()
-    samples = listing(a.tree)
-    env = lmdb.open(a.out, map_size=1 << 36)
-    txn = env.begin(write=True)
-    with mp.Pool(a.workers, initializer=init, initargs=(a.size, a.crop)) as pool:
-        for i, (npy, (_, label)) in enumerate(zip(pool.imap(work, [s[0] for s in samples], chunksize=16), samples)):
-            txn.put(b"%08d.npy" % i, npy)
-            txn.put(b"%08d.cls" % i, str(label).encode())
-            if i % 1000 == 999:
-                txn.commit()
-                txn = env.begin(write=True)
-    txn.commit()
-    env.sync()
-    env.close()
-    print(len(samples))
+    pack_with_pool(a.tree, a.out, a.workers, work, init, (a.size, a.crop), b"npy")
 
 
 if __name__ == "__main__":

@@ -51,20 +51,16 @@ def init(size, quality):
     cv2.setNumThreads(1)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("tree")
-    p.add_argument("out")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--size", type=int, default=256)
-    p.add_argument("--quality", type=int, default=90)
-    a = p.parse_args()
-    samples = listing(a.tree)
-    env = lmdb.open(a.out, map_size=1 << 36)
+def pack_with_pool(tree, out, workers, work, init, initargs, ext):
+    """Lists `tree`, runs `work` on every file in a pool of `workers` processes (each set up with
+    `init(*initargs)`), and writes the results into LMDB at `out` in listing order, as `pack`
+    keys them (`KEY.ext`, `KEY.cls`). The OpenCV decode script drives its pool with it too."""
+    samples = listing(tree)
+    env = lmdb.open(out, map_size=1 << 36)
     txn = env.begin(write=True)
-    with mp.Pool(a.workers, initializer=init, initargs=(a.size, a.quality)) as pool:
-        for i, (jpeg, (_, label)) in enumerate(zip(pool.imap(work, [s[0] for s in samples], chunksize=16), samples)):
-            txn.put(b"%08d.jpg" % i, jpeg)
+    with mp.Pool(workers, initializer=init, initargs=initargs) as pool:
+        for i, (data, (_, label)) in enumerate(zip(pool.imap(work, [s[0] for s in samples], chunksize=16), samples)):
+            txn.put(b"%08d.%s" % (i, ext), data)
             txn.put(b"%08d.cls" % i, str(label).encode())
             if i % 1000 == 999:
                 txn.commit()
@@ -73,6 +69,17 @@ def main():
     env.sync()
     env.close()
     print(len(samples))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("tree")
+    p.add_argument("out")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--quality", type=int, default=90)
+    a = p.parse_args()
+    pack_with_pool(a.tree, a.out, a.workers, work, init, (a.size, a.quality), b"jpg")
 
 
 if __name__ == "__main__":
