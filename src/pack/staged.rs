@@ -212,6 +212,15 @@ impl Staged {
         }
         sync_tree(&self.temp)?;
         if self.overwrite && self.target.symlink_metadata().is_ok() {
+            // One atomic step where the file system can: the new output and the old one swap
+            // names, so a reader of the output path sees the old dataset or the new one, never
+            // nothing; the old one, now at the temporary name, is then removed. (A crash
+            // between the two leaves the old dataset at the temporary name, which the next run
+            // clears like any temporary without a journal.)
+            if exchange(&self.temp, &self.target).map_err(Error::io(&self.target))? {
+                remove_any(&self.temp)?;
+                return sync_file(&parent_of(&self.target));
+            }
             let mut old = self.temp.clone().into_os_string();
             old.push("-old");
             let old = PathBuf::from(old);
@@ -223,6 +232,35 @@ impl Staged {
             fs::rename(&self.temp, &self.target).map_err(Error::io(&self.target))?;
         }
         sync_file(&parent_of(&self.target))
+    }
+}
+
+/// Swaps the names of `a` and `b` atomically (`renameat2` with `RENAME_EXCHANGE`); `false`
+/// where the file system or the kernel cannot (some network and FUSE file systems, kernels
+/// before 3.15), so the caller falls back to two renames.
+fn exchange(a: &Path, b: &Path) -> std::io::Result<bool> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+        let (a, b) = (c(a)?, c(b)?);
+        // SAFETY: two valid NUL-terminated paths, resolved from the working directory.
+        let rc = unsafe {
+            libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE)
+        };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINVAL | libc::ENOSYS | libc::ENOTSUP) => Ok(false),
+            _ => Err(e),
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = (a, b);
+        Ok(false)
     }
 }
 
@@ -257,6 +295,25 @@ mod tests {
         assert!(!target.join("old").exists());
         assert_eq!(fs::read(target.join("new")).unwrap(), b"new");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary left behind");
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn overwriting_swaps_the_old_output_for_the_new_in_one_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        fs::create_dir(&a).unwrap();
+        fs::write(a.join("x"), b"a").unwrap();
+        fs::write(&b, b"b is a file").unwrap();
+        // ext4 and tmpfs, where the tests run, support RENAME_EXCHANGE: no fallback here.
+        assert!(exchange(&a, &b).unwrap(), "renameat2(RENAME_EXCHANGE) is supported here");
+        assert_eq!(fs::read(a).unwrap(), b"b is a file");
+        assert_eq!(fs::read(b.join("x")).unwrap(), b"a");
+        let missing = dir.path().join("missing");
+        assert!(
+            exchange(&missing, &dir.path().join("b")).is_err(),
+            "a missing path is an error, not a fallback"
+        );
     }
 
     #[test]
