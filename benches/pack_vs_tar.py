@@ -612,7 +612,7 @@ def markdown(summary: dict, commands: dict, meta: dict) -> str:
                          f"{fmt(s['output_mb'], 0)} |")
     lines += [
         "",
-        f"MB = 10^6 bytes of source images; peak RSS is the maximum over rounds (os.wait4 ru_maxrss); "
+        f"MB = 10^6 bytes of source images; peak RSS is the maximum over rounds (GNU time %M); "
         f"ratios = median / median of durable tar, / durable tar's fastest round, / median of the disk "
         f"floor (dd oflag=direct of as many bytes). Machine: {meta['machine']}.",
     ]

@@ -324,27 +324,36 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
                 return Err(Error::Threads { threads: config.io_threads.get(), reason: e.to_string() });
             }
         };
-        let loader = scope.spawn(move || {
-            // However the loader ends (done, interrupted, the writer gone), the readers stop.
-            let _stop = StopOnDrop(readahead);
-            let mut next = start;
-            while next < samples.len() && !crate::interrupt::requested() {
-                let range = next..(next + chunker.next_len()).min(samples.len());
-                next = range.end;
-                let read: Vec<Result<Vec<u8>, String>> = range
-                    .map(|i| readahead.take(i).expect("a reader thread stopped on an internal error"))
-                    .collect();
-                let loaded: Vec<Result<(Image, u32), String>> = pool.install(|| {
-                    read.into_par_iter()
-                        .map(|r| r.and_then(|b| transform(transcoder, b, unpacking)))
-                        .collect()
-                });
-                chunker.observe(&loaded);
-                if tx.send(loaded).is_err() {
-                    return; // the writer stopped
+        // Named, as every thread of a run is, so a profile tells the loader from the writer.
+        let loader =
+            std::thread::Builder::new().name("imgpack-loader".into()).spawn_scoped(scope, move || {
+                // However the loader ends (done, interrupted, the writer gone), the readers stop.
+                let _stop = StopOnDrop(readahead);
+                let mut next = start;
+                while next < samples.len() && !crate::interrupt::requested() {
+                    let range = next..(next + chunker.next_len()).min(samples.len());
+                    next = range.end;
+                    let read: Vec<Result<Vec<u8>, String>> = range
+                        .map(|i| readahead.take(i).expect("a reader thread stopped on an internal error"))
+                        .collect();
+                    let loaded: Vec<Result<(Image, u32), String>> = pool.install(|| {
+                        read.into_par_iter()
+                            .map(|r| r.and_then(|b| transform(transcoder, b, unpacking)))
+                            .collect()
+                    });
+                    chunker.observe(&loaded);
+                    if tx.send(loaded).is_err() {
+                        return; // the writer stopped
+                    }
                 }
+            });
+        let loader = match loader {
+            Ok(loader) => loader,
+            Err(e) => {
+                readahead.stop();
+                return Err(Error::Threads { threads: 1, reason: e.to_string() });
             }
-        });
+        };
         let mut next = start;
         let mut batch = Vec::new();
         // This run's rate: samples kept from an interrupted run took no time now.
