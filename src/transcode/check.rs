@@ -28,7 +28,7 @@ pub fn check(bytes: &[u8]) -> Result<(ImageFormat, u32, u32), String> {
 /// decodes nothing, must not pack it: Pillow refuses it in the data loader ("image file is
 /// truncated"). This walks the container's markers or chunks only — at memory speed, no
 /// decoding — for the formats whose end is marked (JPEG, PNG, WebP).
-fn complete(bytes: &[u8], format: ImageFormat) -> Result<(), String> {
+pub fn complete(bytes: &[u8], format: ImageFormat) -> Result<(), String> {
     let whole = match format {
         ImageFormat::Jpeg => jpeg_reaches_eoi(bytes),
         ImageFormat::Png => png_reaches_iend(bytes),
@@ -47,6 +47,37 @@ fn complete(bytes: &[u8], format: ImageFormat) -> Result<(), String> {
             _ => "declared size",
         };
         Err(format!("truncated {format}: the file ends before its {end} ({} bytes)", bytes.len()))
+    }
+}
+
+/// Whether a JPEG has a frame header (an `SOFn` marker) before its first scan: the segments
+/// after SOI are walked by their lengths, as [`jpeg_reaches_eoi`] walks them, stopping at the
+/// first scan or the end. libjpeg-turbo's header reader cannot be trusted to say so: on a file
+/// with none (cut short after its APP segments, or SOI straight to EOI) it reports success and
+/// the previous image's dimensions, left in the per-thread decoder.
+pub fn jpeg_has_frame(bytes: &[u8]) -> bool {
+    let mut pos = 2; // after SOI
+    loop {
+        while bytes.get(pos) == Some(&0xFF) && bytes.get(pos + 1) == Some(&0xFF) {
+            pos += 1;
+        }
+        let (Some(&0xFF), Some(&marker)) = (bytes.get(pos), bytes.get(pos + 1)) else { return false };
+        pos += 2;
+        match marker {
+            // SOF0-SOF15, but for DHT (C4), JPG (C8) and DAC (CC); a frame header declares
+            // precision, height, width and components: at least 8 bytes after its length.
+            0xC0..=0xCF if !matches!(marker, 0xC4 | 0xC8 | 0xCC) => {
+                return bytes.get(pos..pos + 2).is_some_and(|b| u16::from_be_bytes([b[0], b[1]]) >= 8)
+                    && bytes.len() >= pos + 8;
+            }
+            0xD9 | 0xDA => return false,
+            0x01 | 0xD0..=0xD7 => continue,
+            _ => {}
+        }
+        let Some(len) = bytes.get(pos..pos + 2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]]))) else {
+            return false;
+        };
+        pos += len;
     }
 }
 
@@ -123,6 +154,22 @@ fn not_an_image(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jpeg_without_a_frame_header_is_told_from_one_with() {
+        let good =
+            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/imagefolder/cat/chelsea_01.jpg"))
+                .unwrap();
+        assert!(jpeg_has_frame(&good));
+        let cut =
+            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/bad/truncated_header.jpg")).unwrap();
+        assert!(!jpeg_has_frame(&cut), "SOI and APP0, then the end");
+        assert!(!jpeg_has_frame(&[0xFF, 0xD8, 0xFF, 0xD9]), "SOI, EOI");
+        // An SOF cut inside its own fields.
+        assert!(!jpeg_has_frame(&[0xFF, 0xD8, 0xFF, 0xC0, 0x00, 0x11, 0x08, 0x00]));
+        // A DHT is not a frame header, whatever follows it.
+        assert!(!jpeg_has_frame(&[0xFF, 0xD8, 0xFF, 0xC4, 0x00, 0x02, 0xFF, 0xDA, 0x00, 0x02]));
+    }
 
     fn png_1x1() -> Vec<u8> {
         let mut out = Vec::new();

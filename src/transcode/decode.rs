@@ -63,10 +63,15 @@ pub struct JpegInfo {
     pub ycbcr: Option<turbojpeg::Subsamp>,
 }
 
-/// Reads a JPEG's header.
+/// Reads a JPEG's header, with libjpeg-turbo's parser (the one Pillow's libjpeg shares), on
+/// the bytes in place. A file without a frame header is refused first: libjpeg-turbo would
+/// answer with the previous image's dimensions ([`super::check::jpeg_has_frame`]).
 pub fn jpeg_info(bytes: &[u8]) -> Result<JpegInfo, String> {
+    if !super::check::jpeg_has_frame(bytes) {
+        return Err("corrupt or truncated jpg header: no frame header (SOF) before the image data".into());
+    }
     with_decompressor(|d| {
-        let header = d.read_header(bytes).map_err(|e| format!("corrupt jpg: {e}"))?;
+        let header = d.read_header(bytes).map_err(|e| format!("corrupt or truncated jpg header: {e}"))?;
         Ok(JpegInfo {
             width: header.width as u32,
             height: header.height as u32,

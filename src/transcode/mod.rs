@@ -151,12 +151,24 @@ impl Transcoder {
         if let Some(ext) = pixels_kind(&bytes) {
             return self.pass_pixels(bytes, ext);
         }
-        // A JPEG about to be decoded by libjpeg-turbo is checked by libjpeg-turbo's own header
-        // parser; everything else, and anything stored unchanged, by the generic check.
-        // The JPEG header and the orientation are read once here and used by every step below.
+        // A JPEG is checked by libjpeg-turbo's own header parser, in place; one stored
+        // unchanged must also be whole (the generic check's end-marker walk), as one about to
+        // be decoded is by its decoding. Everything else goes through the generic check. (The
+        // `image` crate's JPEG header reader copied the whole file first and built its Huffman
+        // tables: 13% of the CPU time of packing JPEGs unchanged.) The JPEG header and the
+        // orientation are read once here and used by every step below.
         let (format, width, height, jpeg) = match ImageFormat::sniff(&bytes) {
-            Some(ImageFormat::Jpeg) if self.mode != Mode::Passthrough => {
+            Some(ImageFormat::Jpeg) => {
                 let info = decode::jpeg_info(&bytes)?;
+                if info.width == 0 || info.height == 0 {
+                    return Err(format!(
+                        "jpg header declares an empty image ({}x{})",
+                        info.width, info.height
+                    ));
+                }
+                if self.mode == Mode::Passthrough {
+                    check::complete(&bytes, ImageFormat::Jpeg)?;
+                }
                 (ImageFormat::Jpeg, info.width, info.height, Some(info))
             }
             _ => {
@@ -334,5 +346,37 @@ fn pixels_kind(bytes: &[u8]) -> Option<&'static str> {
         Some(NPY_ZSTD_FIELD)
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jpeg_without_a_frame_is_refused_even_after_a_good_one_on_the_same_thread() {
+        let good =
+            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/imagefolder/cat/chelsea_01.jpg"))
+                .unwrap();
+        // SOI, an APP0 segment, EOI: whole by its markers, but no image in it.
+        let mut empty = vec![0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x10];
+        empty.extend_from_slice(b"JFIF\0\x01\x01\0\0\x01\0\x01\0\0");
+        empty.extend_from_slice(&[0xFF, 0xD9]);
+        let reencode = Reencode {
+            resize: None,
+            upscale: false,
+            filter: Filter::default(),
+            quality: 90,
+            subsampling: encode::Subsampling::S420,
+            keep_if_fits: false,
+        };
+        for mode in [Mode::Passthrough, Mode::Reencode(reencode)] {
+            let transcoder = Transcoder { mode, ..Transcoder::default() };
+            let kept = transcoder.apply(good.clone()).expect("a good JPEG packs");
+            assert_eq!((kept.width, kept.height), (240, 160), "{mode:?}");
+            // The per-thread libjpeg-turbo decoder still holds the good image's header here.
+            let err = transcoder.apply(empty.clone()).expect_err("no frame, no image");
+            assert!(err.starts_with("corrupt or truncated jpg header: no frame header"), "{mode:?}: {err}");
+        }
     }
 }
