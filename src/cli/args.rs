@@ -19,7 +19,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// ImageFolder tree; flags may come before or after SRC. `pack imagefolder --help` lists every
 /// option. `pack info OUT` says what a dataset holds, `pack ls OUT` lists its samples. `pack
 /// bench-read PATH...` measures random reads of trees and packed datasets on this machine's
-/// storage. `pack verify OUT` checks a packed dataset end to end. On a cluster: `pack plan SRC -o PLAN` once, `pack
+/// storage. `pack verify OUT` checks a packed dataset end to end. `-o s3://BUCKET/PREFIX/`
+/// (with --to webdataset) streams the shards into an object store (see --endpoint). On a cluster: `pack plan SRC -o PLAN` once, `pack
 /// PLAN --part K/N ... -o OUT` on each machine, then `pack merge OUT`.
 ///
 /// Exit codes: 0 everything packed; 1 error, nothing published; 2 bad usage;
