@@ -19,11 +19,14 @@ use crate::{Error, Result};
 /// The environment variable the AWS CLI and SDKs read the endpoint from.
 pub const ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL";
 
-/// Retries for the work itself: transient errors (timeouts, 5xx, `SlowDown`, dropped
-/// connections) are retried with exponential backoff from 100 ms to 15 s, for up to 3 minutes
-/// per request — `object_store`'s defaults, which keep a request's signature valid.
+/// Retries for the work itself: transient errors (timeouts, 5xx, `SlowDown`, dropped or refused
+/// connections) are retried with exponential backoff (jittered, 100 ms growing to 15 s) for up
+/// to 3 minutes per request, which keeps a request's signature valid. `object_store`'s default
+/// of 10 tries can be spent in a few seconds of jittered backoff — less than a store takes to
+/// restart (the interop tests kill and restart one mid-upload) — so the time is the bound here,
+/// not the count.
 pub(crate) fn work_retries() -> RetryConfig {
-    RetryConfig::default()
+    RetryConfig { max_retries: 100, retry_timeout: Duration::from_secs(180), ..RetryConfig::default() }
 }
 
 /// Retries for the first request of a run, which checks bucket, credentials and endpoint: a

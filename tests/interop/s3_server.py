@@ -78,6 +78,8 @@ class S3Server:
     endpoint: str
     process: subprocess.Popen
     log: Path
+    cmd: list[str]
+    workdir: Path
 
     def client(self, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY):
         return boto3.client(
@@ -108,6 +110,17 @@ class S3Server:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError as e:
             return f"(no log: {e})"
+
+    def kill(self) -> None:
+        """SIGKILL: the store going away mid-request, as a crashed server does."""
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+    def restart(self) -> None:
+        """Starts the server again on the same ports and data (after `kill` or `stop`)."""
+        self.stop()
+        self.process = _spawn(self.cmd, self.workdir, self.log)
+        _wait_until_up(self)
 
     def stop(self) -> None:
         """SIGTERM, a short wait, then SIGKILL; returns once the process is gone."""
@@ -165,7 +178,14 @@ def start(workdir: Path) -> S3Server:
         f"-s3.config={config}",
     ]
     log = workdir / "weed.log"
-    with open(log, "wb") as out:
+    process = _spawn(cmd, workdir, log)
+    server = S3Server(endpoint=f"http://127.0.0.1:{s3}", process=process, log=log, cmd=cmd, workdir=workdir)
+    _wait_until_up(server)
+    return server
+
+
+def _spawn(cmd: list[str], workdir: Path, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
         process = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -179,15 +199,20 @@ def start(workdir: Path) -> S3Server:
     if pids:
         with open(pids, "a") as f:
             f.write(f"{process.pid}\n")
-    server = S3Server(endpoint=f"http://127.0.0.1:{s3}", process=process, log=log)
+    return process
+
+
+def _wait_until_up(server: S3Server) -> None:
+    """Returns once the S3 API answers a signed request; stops the server and raises if it
+    does not within START_TIMEOUT."""
     deadline = time.monotonic() + START_TIMEOUT
     last = None
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"weed exited with {process.returncode} while starting:\n{server.log_tail()}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"weed exited with {server.process.returncode} while starting:\n{server.log_tail()}")
         try:
             server.client().list_buckets()
-            return server
+            return
         except Exception as e:  # not up yet: connection refused, 503 while the filer starts
             last = e
             time.sleep(0.3)

@@ -2,7 +2,8 @@
 by the `s3_server` fixture on 127.0.0.1): every object byte for byte what a local run writes,
 read back by the `webdataset` library over presigned URLs, no multipart upload left behind,
 "already exists" and `--overwrite` as on disk, a clear error of its own for bad credentials, a
-missing bucket and an unreachable endpoint, and no `imgpack.json` after a killed run.
+missing bucket and an unreachable endpoint, no `imgpack.json` after a killed run, nothing left
+after Ctrl-C, and a run that outlasts the server being killed and restarted mid-upload.
 
 Run: PACK=$PWD/target/debug/pack ~/.cache/imgpack-venv/bin/python -m pytest tests/interop/test_s3.py -q
 """
@@ -22,6 +23,7 @@ import webdataset as wds
 
 from interop_util import IMAGEFOLDER, check_webdataset_checksums, copy_into
 from interop_util import testdata_images as tree_images  # not collected as a test
+import s3_server as server_module
 from s3_server import closed_port
 
 META = "imgpack.json"
@@ -109,6 +111,23 @@ def test_a_shard_of_many_parts_is_the_local_shard_byte_for_byte(pack_bin, s3_ser
     assert proc.returncode == 0, proc.stderr
     assert objects(client, bucket, "big/") == local_files(local)
     assert pending_uploads(client, bucket) == []
+
+
+@pytest.mark.parametrize("source", ["lmdb", "plan"])
+def test_a_conversion_or_a_plan_stores_what_it_writes_locally(pack_bin, s3_server, bucket, tmp_path, source):
+    env = s3_server.env()
+    if source == "lmdb":
+        src = tmp_path / "train.lmdb"
+        made = run(pack_bin, env, IMAGEFOLDER, "--to", "lmdb", "-o", src, "-q")
+    else:
+        src = tmp_path / "train.plan"
+        made = run(pack_bin, env, "plan", IMAGEFOLDER, "-o", src, "--shuffle", "--seed", "5", "-q")
+    assert made.returncode == 0, made.stderr
+    local = tmp_path / "local"
+    assert run(pack_bin, env, src, "--to", "webdataset", "-o", local, "--shard-samples", "6", "-q").returncode == 0
+    stored = run(pack_bin, env, src, "--to", "webdataset", "-o", f"s3://{bucket}/{source}/", "--shard-samples", "6", "-q")
+    assert stored.returncode == 0, stored.stderr
+    assert objects(s3_server.client(), bucket, f"{source}/") == local_files(local)
 
 
 def test_the_webdataset_library_reads_it_over_presigned_urls(pack_bin, s3_server, bucket, tmp_path):
@@ -275,3 +294,27 @@ def test_ctrl_c_stops_removes_what_it_stored_and_leaves_no_upload(pack_bin, s3_s
     # So the same command simply runs again.
     assert run(pack_bin, env, *args).returncode == 0
     assert META in objects(client, bucket, "stopped/")
+
+
+def test_the_store_going_away_mid_upload_is_retried_until_it_is_back(pack_bin, tmp_path):
+    # A server of its own, killed and restarted on the same ports and data.
+    server = server_module.start(tmp_path / "seaweedfs")
+    try:
+        client = server.client()
+        client.create_bucket(Bucket="restarted")
+        tree = big_tree(tmp_path / "tree", copies=12)
+        args = [tree, "--to", "webdataset", "--shard-size", "256KiB", "-q", "--threads", "1"]
+        proc = start_pack(pack_bin, server.env(), *args, "-o", "s3://restarted/ds/")
+        wait_for_shards(client, "restarted", "ds/", proc, 2)
+        server.kill()
+        time.sleep(1.0)
+        assert proc.poll() is None, "pack gave up at once when the store went away"
+        server.restart()
+        _, stderr = proc.communicate(timeout=240)
+        assert proc.returncode == 0, stderr
+        local = tmp_path / "local"
+        assert run(pack_bin, server.env(), *args, "-o", local).returncode == 0
+        assert objects(client, "restarted", "ds/") == local_files(local)
+        assert pending_uploads(client, "restarted") == []
+    finally:
+        server.stop()
