@@ -89,3 +89,26 @@ fn an_endpoint_nobody_answers_at_fails_at_once_naming_it_and_the_bucket() {
     );
     assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
 }
+
+#[test]
+fn commands_that_would_read_a_store_say_it_is_not_supported_yet() {
+    let url = "s3://my-bucket/shards/";
+    for args in [
+        vec!["verify", url],
+        vec!["info", url],
+        vec!["ls", url],
+        vec!["merge", url],
+        vec!["bench-read", url],
+        vec!["plan", url, "-o", "x.plan"],
+        vec![url, "--to", "lmdb", "-o", "x.lmdb"],
+    ] {
+        let mut cmd = pack_to_store(&[]);
+        cmd.args(&args).arg("-q");
+        let stderr = stderr_of(&mut cmd, 2);
+        assert!(
+            stderr.contains(&format!("{url}: object storage works only as the -o")),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains(&format!("aws s3 sync {url} DIR")), "{args:?}: {stderr}");
+    }
+}
