@@ -163,10 +163,13 @@ def start(workdir: Path) -> S3Server:
         f"-master.port={master}",
         f"-master.port.grpc={master_grpc}",
         "-master.telemetry=false",
-        "-master.volumeSizeLimitMB=64",
+        # Each bucket is a collection that grows 7 volumes at its first write, and a test makes
+        # a bucket of its own: room for ~140 buckets. Volumes are sparse files, so small ones
+        # cost little disk.
+        "-master.volumeSizeLimitMB=32",
         f"-volume.port={volume}",
         f"-volume.port.grpc={volume_grpc}",
-        "-volume.max=50",
+        "-volume.max=1000",
         "-filer",
         f"-filer.port={filer}",
         f"-filer.port.grpc={filer_grpc}",
