@@ -303,8 +303,9 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     };
 
     let unpacking = config.format == OutputFormat::ImageFolder;
+    let to_store = config.store_output()?.is_some();
     // A tree has no checkpoints, nor (yet) a store output.
-    let resumable = !unpacking && config.store_output()?.is_none();
+    let resumable = !unpacking && !to_store;
     let start = usize::try_from(ledger.total().position).unwrap_or(usize::MAX).min(listing.samples.len());
     let mut chunker = Chunker::with_budget(config.checkpoint_bytes);
     let (tx, rx) = mpsc::sync_channel::<Vec<Result<(Image, u32), String>>>(1);
@@ -441,7 +442,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         shards: Vec::new(),
         part: part.map(|p| PartInfo { skipped: part_skipped(&p, &total, &listing.samples), ..p }),
     };
-    bar.message("syncing to disk");
+    bar.message(if to_store { "finishing the upload" } else { "syncing to disk" });
     let finished = sink.finish(&meta)?;
     bar.finish();
     report.packed = total.packed;

@@ -120,13 +120,16 @@ impl Store {
             .map_err(self.error(name, "download"))
     }
 
-    /// Deletes the objects `names`, in order (callers put the one that makes a dataset
-    /// visible, `imgpack.json`, first).
+    /// Deletes the objects `names`: the first alone and before the others (callers put the one
+    /// that makes a dataset visible, `imgpack.json`, first), the rest in batches (S3's
+    /// DeleteObjects takes 1,000 keys a request), so replacing a dataset of thousands of
+    /// shards is a few requests, not thousands.
     pub fn delete(&self, names: &[String]) -> Result<()> {
-        for name in names {
-            self.runtime.block_on(self.client.delete(&self.key(name))).map_err(self.error(name, "delete"))?;
-        }
-        Ok(())
+        let Some((first, rest)) = names.split_first() else { return Ok(()) };
+        self.runtime.block_on(self.client.delete(&self.key(first))).map_err(self.error(first, "delete"))?;
+        let keys: Vec<object_store::Result<Key>> = rest.iter().map(|n| Ok(self.key(n))).collect();
+        let deleted = self.client.delete_stream(Box::pin(futures_util::stream::iter(keys)));
+        self.runtime.block_on(deleted.try_collect::<Vec<_>>()).map(drop).map_err(self.error("", "delete"))
     }
 
     /// Deletes the objects `names` as [`Store::delete`] does, but gives up after `within`:
