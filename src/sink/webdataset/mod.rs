@@ -16,8 +16,9 @@
 //! for `--resume` ([`Sink::checkpoint`]); a resumed sink deletes the shards after the last one,
 //! cuts `imgpack.index` back to it, and writes on from there.
 //!
-//! The same sink writes to an object store prefix (`-o s3://bucket/prefix/`): its `destination` module
-//! is where the files go, a staged directory or the store, and the bytes do not change.
+//! The same sink writes to an object store prefix (`-o s3://bucket/prefix/`): its
+//! `destination` module is where the files go, a staged directory or the store, and the bytes
+//! do not change.
 
 mod destination;
 
