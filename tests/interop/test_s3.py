@@ -130,6 +130,46 @@ def test_a_conversion_or_a_plan_stores_what_it_writes_locally(pack_bin, s3_serve
     assert objects(s3_server.client(), bucket, f"{source}/") == local_files(local)
 
 
+def peak_rss_mb(pack_bin: Path, env: dict, *args) -> float:
+    """Runs `pack *args` and returns its peak resident memory (MB), from the kernel's rusage."""
+    proc = subprocess.Popen(
+        [str(pack_bin), *(os.fspath(a) for a in args)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    stderr = proc.stderr.read().decode(errors="replace")
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, stderr
+    return usage.ru_maxrss / 1024
+
+
+def test_a_large_shard_is_streamed_not_held_in_memory(pack_bin, s3_server, bucket, tmp_path):
+    # ~150 MB of JPEGs (hard links to testdata, so building the tree is cheap) in one shard.
+    images = [IMAGEFOLDER / f for f in tree_images() if f.lower().endswith((".jpg", ".jpeg"))]
+    for n in range(450):
+        for image in images:
+            dest = tmp_path / "tree" / image.parent.name / f"{n:04d}_{image.name}"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.link(image, dest)
+    env = s3_server.env()
+    args = [tmp_path / "tree", "--to", "webdataset", "-q", "--threads", "2"]
+    local = peak_rss_mb(pack_bin, env, *args, "-o", tmp_path / "local")
+    shard_mb = (tmp_path / "local" / "shard-000000.tar").stat().st_size / 2**20
+    assert shard_mb > 120
+    stored = peak_rss_mb(pack_bin, env, *args, "-o", f"s3://{bucket}/big/")
+    print(f"peak RSS: {local:.0f} MB to disk, {stored:.0f} MB to the store, for a {shard_mb:.0f} MB shard")
+    # The parts in flight (at most 5 of 8 MiB: 40 MiB; measured 44 MB more) and the HTTP
+    # client, not the shard.
+    assert stored - local < min(72, shard_mb / 2), f"the store run took {stored - local:.0f} MB more than the local one"
+    client = s3_server.client()
+    head = client.head_object(Bucket=bucket, Key="big/shard-000000.tar")
+    assert head["ContentLength"] == (tmp_path / "local" / "shard-000000.tar").stat().st_size
+    assert pending_uploads(client, bucket) == []
+
+
 def test_the_webdataset_library_reads_it_over_presigned_urls(pack_bin, s3_server, bucket, tmp_path):
     url = f"s3://{bucket}/wds/"
     proc = run(pack_bin, s3_server.env(), IMAGEFOLDER, "--to", "webdataset", "-o", url, "--shard-samples", "5", "-q")
