@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from interop_util import IMAGEFOLDER, check_webdataset_checksums, copy_into
+from interop_util import BAD, IMAGEFOLDER, check_webdataset_checksums, copy_into
 from interop_util import testdata_images as tree_images  # not collected as a test
 import s3_server as server_module
 from s3_server import closed_port
@@ -269,6 +269,22 @@ def test_what_is_not_supported_yet_is_refused_saying_so(pack_bin, s3_server, buc
         assert proc.returncode == 2, proc.stderr
         assert f"{what} is not supported for object storage yet" in proc.stderr
     assert objects(s3_server.client(), bucket) == {}
+
+
+def test_a_run_that_fails_removes_what_it_stored(pack_bin, s3_server, bucket, tmp_path):
+    # The bad file is in the last class, after the first chunk of 64 samples, and later chunks
+    # are small (the hidden --checkpoint-bytes): shards of the first classes are stored by then.
+    tree = big_tree(tmp_path / "tree", copies=6)
+    copy_into(tree, {"zzz_last/truncated.jpg": BAD / "truncated.jpg"})
+    url = f"s3://{bucket}/failed/"
+    args = [tree, "--to", "webdataset", "-o", url, "--shard-samples", "3", "--on-error", "fail", "-q"]
+    args += ["--checkpoint-bytes", "32KiB"]
+    proc = run(pack_bin, s3_server.env(), *args)
+    assert proc.returncode == 1
+    assert "truncated.jpg" in proc.stderr and "--on-error fail" in proc.stderr, proc.stderr
+    client = s3_server.client()
+    assert objects(client, bucket, "failed/") == {}, "a failed run left objects under its prefix"
+    assert pending_uploads(client, bucket) == []
 
 
 def start_pack(pack_bin: Path, env: dict, *args) -> subprocess.Popen:
