@@ -163,13 +163,10 @@ mod tests {
         let url = StoreUrl::parse("s3://my-bucket/train/").unwrap();
         let endpoint = "http://127.0.0.1:9";
         let generic = |text: String| object_store::Error::Generic { store: "S3", source: text.into() };
-        let missing = to_error(
-            &generic(listing_failed("404 Not Found", "NoSuchBucket")),
-            &url,
-            "imgpack.json",
-            "list",
-            endpoint,
-        );
+        let failed = |name: &str, operation: &'static str, text: String| {
+            to_error(&generic(text), &url, name, operation, endpoint)
+        };
+        let missing = failed("imgpack.json", "list", listing_failed("404 Not Found", "NoSuchBucket"));
         assert!(matches!(missing, Error::NoSuchBucket { .. }), "{missing:?}");
         let text = missing.to_string();
         assert!(
@@ -178,13 +175,8 @@ mod tests {
         );
         assert!(text.contains("aws s3 mb s3://my-bucket"), "{text}");
 
-        let denied = to_error(
-            &generic(listing_failed("403 Forbidden", "InvalidAccessKeyId")),
-            &url,
-            "shard-000000.tar",
-            "upload",
-            endpoint,
-        );
+        let denied =
+            failed("shard-000000.tar", "upload", listing_failed("403 Forbidden", "InvalidAccessKeyId"));
         let text = denied.to_string();
         assert!(matches!(denied, Error::StoreDenied { .. }), "{denied:?}");
         assert!(
@@ -193,7 +185,7 @@ mod tests {
         );
         assert!(text.contains("AWS_ACCESS_KEY_ID"), "{text}");
 
-        let other = to_error(&generic("x".repeat(5000)), &url, "imgpack.index", "upload", endpoint);
+        let other = failed("imgpack.index", "upload", "x".repeat(5000));
         let text = other.to_string();
         assert!(matches!(other, Error::Store { operation: "upload", .. }), "{other:?}");
         assert!(text.len() < 1000 && text.contains("run the command again"), "{text}");
