@@ -179,6 +179,8 @@ def start(workdir: Path) -> S3Server:
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         f"-s3.config={config}",
+        # As AWS: an upload into a bucket that does not exist fails, it does not create one.
+        "-s3.autoCreateBucket=false",
     ]
     log = workdir / "weed.log"
     process = _spawn(cmd, workdir, log)

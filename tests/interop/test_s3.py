@@ -333,6 +333,23 @@ def test_a_killed_run_leaves_no_dataset_and_overwrite_starts_over(pack_bin, s3_s
     assert objects(client, bucket, "killed/") == local_files(local)
 
 
+def test_a_bucket_deleted_mid_run_stops_it_at_once_naming_the_bucket(pack_bin, s3_server, tmp_path):
+    client = s3_server.client()
+    client.create_bucket(Bucket="deleted-mid-run")
+    tree = big_tree(tmp_path / "tree", copies=12)
+    args = [tree, "--to", "webdataset", "--shard-size", "256KiB", "-q", "--threads", "1"]
+    proc = start_pack(pack_bin, s3_server.env(), *args, "-o", "s3://deleted-mid-run/ds/")
+    wait_for_shards(client, "deleted-mid-run", "ds/", proc, 2)
+    started = time.monotonic()
+    client.delete_bucket(Bucket="deleted-mid-run")  # SeaweedFS deletes a bucket that holds objects
+    _, stderr = proc.communicate(timeout=240)
+    print(stderr)
+    assert proc.returncode == 1, stderr
+    assert 'there is no bucket "deleted-mid-run"' in stderr and "s3://deleted-mid-run/ds/" in stderr, stderr
+    # A permanent error is not retried for minutes.
+    assert time.monotonic() - started < 60
+
+
 def test_ctrl_c_stops_removes_what_it_stored_and_leaves_no_upload(pack_bin, s3_server, bucket, tmp_path):
     tree = big_tree(tmp_path / "tree", copies=12)
     env, client = s3_server.env(), s3_server.client()
