@@ -127,7 +127,7 @@ pub enum Error {
         endpoint: String,
     },
     /// The store refused the request: credentials unknown or wrong, or not allowed to.
-    #[error("{url}: the store at {endpoint} denied access to bucket {bucket:?}, key {key:?} ({code}); check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) and that they may list, write and delete in that bucket")]
+    #[error("{url}: the store at {endpoint} denied access to bucket {bucket:?}, key {key:?} ({code}); check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, with AWS_SESSION_TOKEN for temporary ones) and that they may list, write and delete in that bucket")]
     StoreDenied {
         /// The object the failed request was about (`s3://bucket/key`).
         url: String,

@@ -469,12 +469,13 @@ pub struct PackArgs {
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub out: PathBuf,
 
-    /// The object store's endpoint for an s3:// output [default: $AWS_ENDPOINT_URL, else AWS].
+    /// The object store's endpoint for an s3:// output [default: $AWS_ENDPOINT_URL_S3, else
+    /// $AWS_ENDPOINT_URL, else AWS].
     ///
     /// For S3-compatible stores (MinIO, Ceph, SeaweedFS, R2). An http:// endpoint is used as
     /// is, without TLS. Credentials and region come from the usual AWS settings
     /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, web identity,
-    /// instance metadata).
+    /// instance metadata; not ~/.aws profiles).
     ///
     /// Example: --endpoint http://127.0.0.1:8333
     #[arg(long, value_name = "URL")]

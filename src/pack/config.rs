@@ -97,8 +97,8 @@ pub struct PackConfig {
     pub transcoder: Transcoder,
     /// Pack only this part of a plan ([`crate::cluster::part`]) into `output/part-KKKK-of-NNNN`.
     pub part: Option<crate::cluster::split::Part>,
-    /// The object store endpoint for an `s3://` output (`--endpoint`, else `AWS_ENDPOINT_URL`;
-    /// none: AWS itself). See [`crate::store::settings`].
+    /// The object store endpoint for an `s3://` output (`--endpoint`, else `AWS_ENDPOINT_URL_S3`
+    /// or `AWS_ENDPOINT_URL`; none: AWS itself). See [`crate::store::settings`].
     pub endpoint: Option<String>,
 }
 

@@ -1,16 +1,18 @@
 //! How to reach a store: endpoint, credentials, retries.
 //!
-//! The settings are the AWS CLI's, so a machine set up for `aws s3` needs nothing more:
+//! The settings are the AWS CLI's environment variables, so a machine set up for `aws s3`
+//! with them needs nothing more (`~/.aws` profiles are not read: `object_store` does not):
 //! credentials from the usual chain (`AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` /
 //! `AWS_SESSION_TOKEN`, web identity, container and instance metadata, read by
 //! `object_store`'s `AmazonS3Builder::from_env`), the region from `AWS_REGION` or
 //! `AWS_DEFAULT_REGION`, and the endpoint of an S3-compatible store (MinIO, Ceph, SeaweedFS,
-//! R2) from `--endpoint` or `AWS_ENDPOINT_URL`. An `http://` endpoint is a local store: it is
-//! allowed without `AWS_ALLOW_HTTP`, since writing the scheme out is the request.
+//! R2) from `--endpoint`, `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`. An `http://` endpoint is
+//! a local store: it is allowed without `AWS_ALLOW_HTTP`, since writing the scheme out is the
+//! request.
 
 use std::time::Duration;
 
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::{BackoffConfig, RetryConfig};
 
 use super::url::StoreUrl;
@@ -18,6 +20,10 @@ use crate::{Error, Result};
 
 /// The environment variable the AWS CLI and SDKs read the endpoint from.
 pub const ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL";
+
+/// The AWS CLI's S3-only endpoint variable, which wins over [`ENDPOINT_ENV`] there (and in
+/// `object_store`).
+pub const S3_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_S3";
 
 /// Retries for the work itself: transient errors (timeouts, 5xx, `SlowDown`, dropped or refused
 /// connections) are retried with exponential backoff (jittered, 100 ms growing to 15 s) for up
@@ -44,14 +50,19 @@ pub(crate) fn check_retries() -> RetryConfig {
     }
 }
 
-/// The endpoint to use: `--endpoint`, else `AWS_ENDPOINT_URL`, else none (AWS itself).
+/// The endpoint to use: `--endpoint`, else `AWS_ENDPOINT_URL_S3`, else `AWS_ENDPOINT_URL`, else
+/// none (AWS itself) — the AWS CLI's order, with the flag first.
 pub fn endpoint(flag: Option<&str>, env: impl Fn(&str) -> Option<String>) -> Option<String> {
-    flag.map(str::to_string).or_else(|| env(ENDPOINT_ENV)).filter(|e| !e.trim().is_empty())
+    let set = |value: Option<String>| value.filter(|e| !e.trim().is_empty());
+    set(flag.map(str::to_string)).or_else(|| set(env(S3_ENDPOINT_ENV))).or_else(|| set(env(ENDPOINT_ENV)))
 }
 
 /// How an endpoint is named in messages.
 pub(crate) fn endpoint_name(endpoint: Option<&str>) -> String {
-    endpoint.map_or_else(|| "AWS S3 (no --endpoint or AWS_ENDPOINT_URL set)".to_string(), str::to_string)
+    endpoint.map_or_else(
+        || "AWS S3 (no --endpoint, AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL set)".to_string(),
+        str::to_string,
+    )
 }
 
 /// A client for `url`'s bucket at `endpoint`, retrying as `retry` says.
@@ -63,7 +74,9 @@ pub(crate) fn client(url: &StoreUrl, endpoint: Option<&str>, retry: RetryConfig)
                 "--endpoint {endpoint}: write the endpoint as a URL, e.g. http://127.0.0.1:8333 or https://s3.example.com"
             )));
         }
-        builder = builder.with_endpoint(endpoint);
+        // Both keys: `object_store` prefers an `AWS_ENDPOINT_URL_S3` from the environment over
+        // the plain endpoint, which would otherwise override --endpoint silently.
+        builder = builder.with_endpoint(endpoint).with_config(AmazonS3ConfigKey::S3Endpoint, endpoint);
         if endpoint.starts_with("http://") {
             builder = builder.with_allow_http(true);
         }
@@ -86,6 +99,11 @@ mod tests {
         assert_eq!(endpoint(None, env).as_deref(), Some("http://env:1"));
         assert_eq!(endpoint(None, |_| None), None);
         assert_eq!(endpoint(None, |_| Some(" ".into())), None);
+        let both = |name: &str| {
+            Some(if name == S3_ENDPOINT_ENV { "http://s3-only:3" } else { "http://env:1" }.into())
+        };
+        assert_eq!(endpoint(None, both).as_deref(), Some("http://s3-only:3"));
+        assert_eq!(endpoint(Some("http://flag:2"), both).as_deref(), Some("http://flag:2"));
     }
 
     #[test]

@@ -261,6 +261,13 @@ def test_an_unreachable_endpoint_is_its_own_error_and_fails_fast(pack_bin, s3_se
     env = s3_server.env(AWS_ENDPOINT_URL=endpoint)
     proc = run(pack_bin, env, IMAGEFOLDER, "--to", "webdataset", "-o", f"s3://{bucket}/x/", "-q")
     assert proc.returncode == 1 and f"cannot connect to the store at {endpoint}" in proc.stderr
+    # AWS_ENDPOINT_URL_S3 wins over AWS_ENDPOINT_URL, as in the AWS CLI...
+    env = s3_server.env(AWS_ENDPOINT_URL_S3=endpoint)
+    proc = run(pack_bin, env, IMAGEFOLDER, "--to", "webdataset", "-o", f"s3://{bucket}/x/", "-q")
+    assert proc.returncode == 1 and f"cannot connect to the store at {endpoint}" in proc.stderr
+    # ...and --endpoint over both: this run reaches the live server.
+    proc = run(pack_bin, env, IMAGEFOLDER, "--to", "webdataset", "-o", f"s3://{bucket}/x/", "--endpoint", s3_server.endpoint, "-q")
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_what_is_not_supported_yet_is_refused_saying_so(pack_bin, s3_server, bucket):
