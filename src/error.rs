@@ -32,6 +32,16 @@ pub enum Error {
         /// The output path.
         path: PathBuf,
     },
+    /// The store prefix given as output holds objects and `--overwrite` was not given.
+    #[error("{url}: already exists: holds {objects} object{} ({}); pass --overwrite to delete them and pack anew, or choose another -o", if *objects == 1 { "" } else { "s" }, if *dataset { "a dataset: imgpack.json is there" } else { "but no imgpack.json: not a complete dataset, perhaps what a killed run left" })]
+    StoreOutputExists {
+        /// The prefix (`s3://bucket/prefix/`).
+        url: String,
+        /// How many objects are under it.
+        objects: usize,
+        /// Whether one of them is `imgpack.json`.
+        dataset: bool,
+    },
     /// Another run is writing the same output right now.
     #[error("{}: another pack run is writing it right now ({}it holds the lock {}); wait for that run to finish, or stop it, then run this again", path.display(), pid.map_or(String::new(), |p| format!("pid {p}; ")), lock.display())]
     Busy {

@@ -65,7 +65,12 @@ impl Destination {
         let mut names = store.list()?;
         if !names.is_empty() {
             if !overwrite {
-                return Err(Error::OutputExists { path: PathBuf::from(store.url().to_string()) });
+                let (url, objects) = (store.url().to_string(), names.len());
+                return Err(Error::StoreOutputExists {
+                    url,
+                    objects,
+                    dataset: names.iter().any(|n| n == META_FILE),
+                });
             }
             if let Some(meta) = names.iter().position(|n| n == META_FILE) {
                 let meta = names.remove(meta);
