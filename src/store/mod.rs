@@ -111,15 +111,6 @@ impl Store {
             .map_err(self.error(name, "upload"))
     }
 
-    /// The bytes of object `name`.
-    pub fn get(&self, name: &str) -> Result<Vec<u8>> {
-        let runtime = &self.runtime;
-        runtime
-            .block_on(async { self.client.get(&self.key(name)).await?.bytes().await })
-            .map(|b| b.to_vec())
-            .map_err(self.error(name, "download"))
-    }
-
     /// Deletes the objects `names`: the first alone and before the others (callers put the one
     /// that makes a dataset visible, `imgpack.json`, first), the rest in batches (S3's
     /// DeleteObjects takes 1,000 keys a request), so replacing a dataset of thousands of
