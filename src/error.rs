@@ -32,6 +32,16 @@ pub enum Error {
         /// The output path.
         path: PathBuf,
     },
+    /// The store prefix given as output holds objects and `--overwrite` was not given.
+    #[error("{url}: already exists: holds {objects} object{} ({}); pass --overwrite to delete them and pack anew, or choose another -o", if *objects == 1 { "" } else { "s" }, if *dataset { "a dataset: imgpack.json is there" } else { "but no imgpack.json: not a complete dataset, perhaps what a killed run left" })]
+    StoreOutputExists {
+        /// The prefix (`s3://bucket/prefix/`).
+        url: String,
+        /// How many objects are under it.
+        objects: usize,
+        /// Whether one of them is `imgpack.json`.
+        dataset: bool,
+    },
     /// Another run is writing the same output right now.
     #[error("{}: another pack run is writing it right now ({}it holds the lock {}); wait for that run to finish, or stop it, then run this again", path.display(), pid.map_or(String::new(), |p| format!("pid {p}; ")), lock.display())]
     Busy {
@@ -114,6 +124,57 @@ pub enum Error {
         /// The output directory, or the part file at fault.
         path: PathBuf,
         /// What is missing, unfinished or foreign, and what to do.
+        reason: String,
+    },
+    /// The bucket of a store location does not exist at the endpoint.
+    #[error("{url}: there is no bucket {bucket:?} at {endpoint}; create it first (e.g. `aws s3 mb s3://{bucket}` with --endpoint-url {endpoint} for a local store), or correct the bucket in -o")]
+    NoSuchBucket {
+        /// The object the failed request was about (`s3://bucket/key`).
+        url: String,
+        /// The bucket.
+        bucket: String,
+        /// The endpoint asked.
+        endpoint: String,
+    },
+    /// The store refused the request: credentials unknown or wrong, or not allowed to.
+    #[error("{url}: the store at {endpoint} denied access to bucket {bucket:?}, key {key:?} ({code}); check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, with AWS_SESSION_TOKEN for temporary ones) and that they may list, write and delete in that bucket")]
+    StoreDenied {
+        /// The object the failed request was about (`s3://bucket/key`).
+        url: String,
+        /// The bucket.
+        bucket: String,
+        /// The key.
+        key: String,
+        /// The endpoint asked.
+        endpoint: String,
+        /// What the store said (its error code, e.g. `InvalidAccessKeyId`).
+        code: String,
+    },
+    /// The store's endpoint does not answer.
+    #[error("{url}: cannot connect to the store at {endpoint} (bucket {bucket:?}, key {key:?}): {reason}; check --endpoint or AWS_ENDPOINT_URL, and that the store is running")]
+    StoreUnreachable {
+        /// The object the failed request was about (`s3://bucket/key`).
+        url: String,
+        /// The bucket.
+        bucket: String,
+        /// The key.
+        key: String,
+        /// The endpoint asked.
+        endpoint: String,
+        /// What the connection attempt said.
+        reason: String,
+    },
+    /// Any other store failure, once transient errors (timeouts, 5xx, dropped connections)
+    /// were retried with backoff.
+    #[error("{url}: {operation} failed at {endpoint}, after retrying: {reason}; nothing was published: run the command again once the store is back")]
+    Store {
+        /// The object the failed request was about (`s3://bucket/key`).
+        url: String,
+        /// What was being done (`upload`, `list`, ...).
+        operation: &'static str,
+        /// The endpoint asked.
+        endpoint: String,
+        /// What the store or the connection said.
         reason: String,
     },
     /// Reading a dataset back failed.

@@ -18,6 +18,8 @@
 //! - [`load`]: training time: decode packed samples into batches (crops, epoch order, prefetch).
 //! - [`cluster`]: one plan packed on many machines: [`cluster::split`] cuts the plan into parts,
 //!   [`cluster::part`] packs one, [`cluster::merge`] joins them (one module per format).
+//! - [`store`]: object storage (`s3://bucket/prefix/`): locations, settings, typed errors,
+//!   streamed multipart uploads.
 //! - [`verify`](mod@verify): `pack verify`, one module per format.
 //! - [`inspect`]: `pack info` and `pack ls`, what a dataset holds.
 //! - [`bench`](mod@bench): `pack bench-read`, random-read latency of trees and packed datasets.
@@ -42,6 +44,7 @@ mod shuffle;
 pub mod sink;
 pub mod size;
 pub mod source;
+pub mod store;
 pub mod transcode;
 pub mod verify;
 

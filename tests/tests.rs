@@ -17,6 +17,7 @@ mod parts;
 mod plan;
 mod resume;
 mod signals;
+mod store;
 mod transcode;
 mod verify;
 mod webdataset;

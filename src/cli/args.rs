@@ -19,7 +19,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// ImageFolder tree; flags may come before or after SRC. `pack imagefolder --help` lists every
 /// option. `pack info OUT` says what a dataset holds, `pack ls OUT` lists its samples. `pack
 /// bench-read PATH...` measures random reads of trees and packed datasets on this machine's
-/// storage. `pack verify OUT` checks a packed dataset end to end. On a cluster: `pack plan SRC -o PLAN` once, `pack
+/// storage. `pack verify OUT` checks a packed dataset end to end. `-o s3://BUCKET/PREFIX/`
+/// (with --to webdataset) streams the shards into an object store (see --endpoint). On a cluster: `pack plan SRC -o PLAN` once, `pack
 /// PLAN --part K/N ... -o OUT` on each machine, then `pack merge OUT`.
 ///
 /// Exit codes: 0 everything packed; 1 error, nothing published; 2 bad usage;
@@ -457,11 +458,28 @@ pub struct PackArgs {
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub to: To,
 
-    /// Where to write the output: a directory that must not exist yet (see --overwrite).
+    /// Where to write the output: a directory that must not exist yet (see --overwrite), or
+    /// (webdataset) an object store prefix s3://BUCKET/PREFIX/ that holds nothing yet.
     ///
-    /// The output is written under a temporary name next to it and appears only when complete.
+    /// A directory is written under a temporary name next to it and appears only when
+    /// complete. In a store, shards are streamed up as they are packed and imgpack.json is
+    /// stored last, so the prefix is a dataset only when complete; see --endpoint.
+    ///
+    /// Example: pack ./train --to webdataset -o s3://my-bucket/train/ --endpoint http://127.0.0.1:8333
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub out: PathBuf,
+
+    /// The object store's endpoint for an s3:// output [default: $AWS_ENDPOINT_URL_S3, else
+    /// $AWS_ENDPOINT_URL, else AWS].
+    ///
+    /// For S3-compatible stores (MinIO, Ceph, SeaweedFS, R2). An http:// endpoint is used as
+    /// is, without TLS. Credentials and region come from the usual AWS settings
+    /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, web identity,
+    /// instance metadata; not ~/.aws profiles).
+    ///
+    /// Example: --endpoint http://127.0.0.1:8333
+    #[arg(long, value_name = "URL")]
+    pub endpoint: Option<String>,
 
     /// Largest shard file, tar headers and end blocks included (webdataset) [default: 1GB].
     ///
@@ -486,7 +504,8 @@ pub struct PackArgs {
     #[arg(long)]
     pub md5: bool,
 
-    /// Replace OUT if it exists (the old one stays until the new one is complete).
+    /// Replace OUT if it exists (the old one stays until the new one is complete; in a store,
+    /// everything under the prefix is deleted first, imgpack.json first).
     #[arg(long)]
     pub overwrite: bool,
 
@@ -834,6 +853,8 @@ impl PackArgs {
             config.checkpoint_bytes = size.0.max(1);
         }
         config.transcoder = self.transcode.to_transcoder()?;
+        config.endpoint =
+            crate::store::settings::endpoint(self.endpoint.as_deref(), |name| std::env::var(name).ok());
         Ok(config)
     }
 }

@@ -181,7 +181,30 @@ fn unknown_command(word: &str) -> String {
     )
 }
 
+/// Object storage is, so far, only where `pack ... --to webdataset` writes (issue #17): a
+/// command asked to read a store location, or `pack plan` to write one, says so and how to get
+/// there, instead of "does not exist".
+fn refuse_store_paths(command: &Command) -> crate::Result<()> {
+    let paths: Vec<&std::path::Path> = match command {
+        Command::Imagefolder(args) | Command::Convert(args) => vec![&args.source],
+        Command::BenchRead(args) => args.paths.iter().map(|p| p.as_path()).collect(),
+        Command::Verify(args) => vec![&args.path],
+        Command::Plan(args) => vec![&args.source, &args.out],
+        Command::Merge(args) => vec![&args.path],
+        Command::Info(args) => vec![&args.path],
+        Command::Ls(args) => vec![&args.path],
+        Command::Completions(_) | Command::Man => Vec::new(),
+    };
+    match paths.iter().map(|p| p.to_string_lossy()).find(|p| crate::store::is_store_url(p)) {
+        Some(url) => Err(crate::Error::Usage(format!(
+            "{url}: object storage works only as the -o of `pack SRC --to webdataset` so far; copy the prefix to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn run(cli: Cli) -> crate::Result<u8> {
+    refuse_store_paths(&cli.command)?;
     let (args, kind) = match &cli.command {
         Command::Imagefolder(args) => (args, SourceKind::ImageFolder),
         Command::Convert(args) => (args, SourceKind::Detect),

@@ -97,6 +97,9 @@ pub struct PackConfig {
     pub transcoder: Transcoder,
     /// Pack only this part of a plan ([`crate::cluster::part`]) into `output/part-KKKK-of-NNNN`.
     pub part: Option<crate::cluster::split::Part>,
+    /// The object store endpoint for an `s3://` output (`--endpoint`, else `AWS_ENDPOINT_URL_S3`
+    /// or `AWS_ENDPOINT_URL`; none: AWS itself). See [`crate::store::settings`].
+    pub endpoint: Option<String>,
 }
 
 impl PackConfig {
@@ -117,7 +120,17 @@ impl PackConfig {
             checkpoint_bytes: crate::sink::lmdb::CHECKPOINT_BYTES,
             transcoder: Transcoder::default(),
             part: None,
+            endpoint: None,
         }
+    }
+
+    /// The store location of an `s3://` output, or `None` for a local one.
+    pub fn store_output(&self) -> Result<Option<crate::store::StoreUrl>> {
+        let text = self.output.to_string_lossy();
+        if !crate::store::is_store_url(&text) {
+            return Ok(None);
+        }
+        crate::store::StoreUrl::parse(&text).map(Some)
     }
 
     /// Parses a `--extensions` list: comma-separated, with or without dots, any case.
@@ -164,6 +177,9 @@ impl PackConfig {
             ));
         }
         crate::source::imagefolder::check_root(&self.source)?;
+        if let Some(url) = self.store_output()? {
+            return self.check_store_output(&url);
+        }
         let (src, out) = (self.source.canonicalize().ok(), absolute(&self.output));
         if let (Some(src), Some(out)) = (src, out) {
             if out.starts_with(&src) {
@@ -173,6 +189,27 @@ impl PackConfig {
                     self.source.display()
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// Refuses what cannot be written to a store yet, saying what to do instead.
+    fn check_store_output(&self, url: &crate::store::StoreUrl) -> Result<()> {
+        let not_yet = |what: &str, instead: &str| {
+            Err(Error::Usage(format!("-o {url}: {what} is not supported for object storage yet; {instead}")))
+        };
+        if !matches!(self.format, OutputFormat::WebDataset { .. }) {
+            let to = self.format.name();
+            return not_yet(
+                &format!("--to {to}"),
+                &format!("pack to a local directory and upload it (e.g. `aws s3 cp --recursive OUT {url}`), or pass --to webdataset"),
+            );
+        }
+        if self.resume {
+            return not_yet("--resume", "run the same command with --overwrite to start over");
+        }
+        if self.part.is_some() {
+            return not_yet("--part", "pack the parts to a shared directory and upload the merged dataset");
         }
         Ok(())
     }

@@ -266,8 +266,16 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         options: config.recorded_options(),
         part: part.as_ref().map(|p| RunPart { index: p.index, count: p.count, plan: p.plan.clone() }),
     };
-    let (mut sink, mut ledger): (Box<dyn Sink>, Ledger) = match &config.format {
-        OutputFormat::ImageFolder => (
+    let store = config.store_output()?;
+    let (mut sink, mut ledger): (Box<dyn Sink>, Ledger) = match (&config.format, store) {
+        // `validate` let only WebDataset through to a store, without --resume or --part.
+        (OutputFormat::WebDataset { prefix, limits, md5 }, Some(url)) => {
+            bar.message("checking the store");
+            let store = crate::store::Store::open(&url, config.endpoint.as_deref())?;
+            let sink = WebDatasetSink::to_store(store, config.overwrite, prefix, *limits, *md5)?;
+            (Box::new(sink), Ledger::default())
+        }
+        (OutputFormat::ImageFolder, _) => (
             Box::new(ImageFolderSink::create(&config.output, config.overwrite, &listing.classes)?),
             Ledger::default(),
         ),
@@ -295,6 +303,9 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     };
 
     let unpacking = config.format == OutputFormat::ImageFolder;
+    let to_store = config.store_output()?.is_some();
+    // A tree has no checkpoints, nor (yet) a store output.
+    let resumable = !unpacking && !to_store;
     let start = usize::try_from(ledger.total().position).unwrap_or(usize::MAX).min(listing.samples.len());
     let mut chunker = Chunker::with_budget(config.checkpoint_bytes);
     let (tx, rx) = mpsc::sync_channel::<Vec<Result<(Image, u32), String>>>(1);
@@ -406,7 +417,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     if crate::interrupt::requested() {
         // Never publish what an interrupted run wrote. An unpacked tree has no checkpoints:
         // dropping the sink removes its temporary.
-        let kept = if unpacking {
+        let kept = if !resumable {
             None
         } else {
             bar.message("saving a checkpoint");
@@ -440,7 +451,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         shards: Vec::new(),
         part: part.map(|p| PartInfo { skipped: part_skipped(&p, &total, &listing.samples), ..p }),
     };
-    bar.message("syncing to disk");
+    bar.message(if to_store { "finishing the upload" } else { "syncing to disk" });
     let finished = sink.finish(&meta)?;
     bar.finish();
     report.packed = total.packed;

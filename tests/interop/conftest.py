@@ -69,3 +69,34 @@ def testdata_files() -> list[str]:
 def read_packed() -> Callable[[Path], Packed]:
     """`read_packed(out_dir)` reads a whole LMDB dataset and checks its layout and checksums."""
     return read_lmdb
+
+
+# --------------------------------------------------------------------------- object storage
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A SeaweedFS server on 127.0.0.1 for the whole session (tests/interop/s3_server.py):
+    started once, stopped (SIGTERM, then SIGKILL) when the session ends, whatever happened."""
+    import s3_server as server_module
+
+    try:
+        server = server_module.start(tmp_path_factory.mktemp("seaweedfs"))
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket(s3_server, request) -> str:
+    """A fresh, empty bucket named after the test (valid S3 name: lower case, digits, '-')."""
+    import re
+    import zlib
+
+    short = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:36].strip("-")
+    name = f"t-{short}-{zlib.crc32(request.node.nodeid.encode()):08x}"
+    s3_server.client().create_bucket(Bucket=name)
+    return name

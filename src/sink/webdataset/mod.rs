@@ -15,6 +15,12 @@
 //! A shard whose checksums are known and whose file and DALI index are synced is a checkpoint
 //! for `--resume` ([`Sink::checkpoint`]); a resumed sink deletes the shards after the last one,
 //! cuts `imgpack.index` back to it, and writes on from there.
+//!
+//! The same sink writes to an object store prefix (`-o s3://bucket/prefix/`): its
+//! `destination` module is where the files go, a staged directory or the store, and the bytes
+//! do not change.
+
+mod destination;
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -33,7 +39,9 @@ use md5::{Digest, Md5};
 use super::{Durable, Finished, PackedSample, Sink};
 use crate::encoding::{hex, json_bytes};
 use crate::pack::staged::Staged;
+use crate::store::Store;
 use crate::{Error, Result};
+use destination::{Closed, Destination, ShardOut};
 
 /// When to start a new shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +65,7 @@ impl ShardLimits {
 
 /// Writes a directory of tar shards and their indexes.
 pub struct WebDatasetSink {
-    staged: Staged,
+    dest: Destination,
     prefix: String,
     limits: ShardLimits,
     shard: Option<ShardWriter>,
@@ -78,8 +86,9 @@ pub struct WebDatasetSink {
 
 struct ShardWriter {
     number: usize,
+    /// Names the shard in errors: its path, or its object's URL.
     path: PathBuf,
-    file: BufWriter<File>,
+    out: ShardOut,
     /// The CRC-32 of the shard so far, combined from its samples'.
     crc: crc32fast::Hasher,
     /// With `--md5`: the thread hashing the shard.
@@ -109,11 +118,28 @@ impl WebDatasetSink {
     /// Starts a WebDataset output in a fresh staged directory; `md5`: give every shard an MD5
     /// too (`--md5`).
     pub fn start(staged: Staged, prefix: &str, limits: ShardLimits, md5: bool) -> Result<WebDatasetSink> {
-        let index_path = staged.path().join(SAMPLE_INDEX_FILE);
-        let mut index = BufWriter::new(File::create(&index_path).map_err(Error::io(&index_path))?);
+        WebDatasetSink::begin(Destination::Dir(staged), prefix, limits, md5)
+    }
+
+    /// Starts a WebDataset output under a store prefix, streaming each shard up as it is
+    /// written; a prefix that holds anything is refused unless `overwrite` (which deletes it).
+    /// Not resumable yet: [`Sink::checkpoint`] never reports a durable point.
+    pub fn to_store(
+        store: Store,
+        overwrite: bool,
+        prefix: &str,
+        limits: ShardLimits,
+        md5: bool,
+    ) -> Result<WebDatasetSink> {
+        WebDatasetSink::begin(Destination::store(store, overwrite)?, prefix, limits, md5)
+    }
+
+    fn begin(dest: Destination, prefix: &str, limits: ShardLimits, md5: bool) -> Result<WebDatasetSink> {
+        let index_path = dest.index_path();
+        let mut index = BufWriter::new(dest.create_index()?);
         let header = IndexHeader { version: INDEX_VERSION, meta_crc32: 0, samples: 0 };
         index.write_all(&header.encode()).map_err(Error::io(&index_path))?;
-        Ok(WebDatasetSink::with(staged, prefix, limits, md5, index, &Durable::default()))
+        Ok(WebDatasetSink::with(dest, prefix, limits, md5, index, &Durable::default()))
     }
 
     /// Continues the output an interrupted run left in `staged` from its checkpoint `durable`:
@@ -166,20 +192,21 @@ impl WebDatasetSink {
         }
         file.set_len(len).map_err(Error::io(&index_path))?;
         file.seek(SeekFrom::End(0)).map_err(Error::io(&index_path))?;
-        Ok(WebDatasetSink::with(staged, prefix, limits, md5, BufWriter::new(file), durable))
+        let dest = Destination::Dir(staged);
+        Ok(WebDatasetSink::with(dest, prefix, limits, md5, BufWriter::new(file), durable))
     }
 
     fn with(
-        staged: Staged,
+        dest: Destination,
         prefix: &str,
         limits: ShardLimits,
         md5: bool,
         index: BufWriter<File>,
         durable: &Durable,
     ) -> WebDatasetSink {
-        let syncer = Syncer::start(staged.path().to_path_buf());
+        let syncer = Syncer::start(dest.name(""));
         WebDatasetSink {
-            staged,
+            dest,
             prefix: prefix.to_string(),
             limits,
             shard: None,
@@ -219,7 +246,7 @@ impl WebDatasetSink {
         for (i, (ext, data)) in sample.fields.iter().enumerate() {
             let name = format!("{}.{ext}", sample.key);
             let header = ustar_header(&name, data.len() as u64).map_err(|reason| Error::BadOutput {
-                path: self.staged.target().to_path_buf(),
+                path: self.dest.target(),
                 reason: format!("sample {}: {reason}", sample.key),
             })?;
             components.push(DaliComponent {
@@ -248,24 +275,24 @@ impl WebDatasetSink {
         };
         shard.crc.combine(&crc32fast::Hasher::new_with_initial_len(entry.crc32, entry.len));
         let index = self.index.as_mut().expect("open until finish");
-        index
-            .write_all(&entry.encode())
-            .map_err(|e| Error::io(self.staged.path().join(SAMPLE_INDEX_FILE))(e))?;
+        index.write_all(&entry.encode()).map_err(|e| Error::io(self.dest.index_path())(e))?;
         self.samples += 1;
         Ok(())
     }
 
     fn open_shard(&mut self) -> Result<()> {
         let number = self.shards.len();
-        let path = self.staged.path().join(shard_file_name(&self.prefix, number));
-        let file = File::create(&path).map_err(Error::io(&path))?;
-        let hasher = if self.md5 { Some(ShardHasher::start(&path)?) } else { None };
+        let name = shard_file_name(&self.prefix, number);
+        let path = self.dest.name(&name);
+        let out = self.dest.create_shard(&name, self.limits.max_bytes, self.md5)?;
+        // A file's MD5 is read back on a thread of its own; an upload's is summed as it goes.
+        let hasher = if self.md5 && self.dest.resumable() { Some(ShardHasher::start(&path)?) } else { None };
         self.shard = Some(ShardWriter {
             number,
             path,
             crc: crc32fast::Hasher::new(),
             hasher,
-            file: BufWriter::with_capacity(64 << 10, file),
+            out,
             unannounced: 0,
             unflushed: 0,
             bytes: 0,
@@ -281,10 +308,7 @@ impl WebDatasetSink {
         let Some(mut shard) = self.shard.take() else { return Ok(()) };
         shard.write(&[0u8; END_OF_ARCHIVE as usize])?;
         shard.crc.update(&[0u8; END_OF_ARCHIVE as usize]);
-        let file = shard
-            .file
-            .into_inner()
-            .map_err(|e| Error::Io { path: shard.path.clone(), source: e.into_error() })?;
+        let closed = shard.out.close(&shard.path)?;
         // The MD5 is collected later (`checkpoint`, `finish`): waiting here would stall the writer.
         if let Some(mut hasher) = shard.hasher {
             hasher.flushed_to(shard.bytes);
@@ -292,24 +316,31 @@ impl WebDatasetSink {
             self.hashing.push_back(hasher);
         }
         let name = shard_file_name(&self.prefix, shard.number);
-        let dali_path = self.staged.path().join(dali_index_file_name(&self.prefix, shard.number));
+        let dali_name = dali_index_file_name(&self.prefix, shard.number);
+        let dali_path = self.dest.name(&dali_name);
         // The header line was written for 0 samples; replace it now that the count is known.
         let lines = shard.dali.split_once('\n').map_or("", |(_, rest)| rest);
         let dali = dali_index_header(shard.samples) + lines;
-        let mut dali_file = File::create(&dali_path).map_err(Error::io(&dali_path))?;
-        dali_file.write_all(dali.as_bytes()).map_err(Error::io(&dali_path))?;
+        let dali_file = self.dest.put(&dali_name, dali.as_bytes())?;
+        let md5 = match &closed {
+            Closed::Stored(md5) => md5.clone(),
+            Closed::File(_) => None,
+        };
+        let hashed_now = !self.md5 || md5.is_some();
         self.shards.push(ShardInfo {
             name,
             first: shard.first,
             samples: shard.samples,
             bytes: shard.bytes,
             crc32: Some(shard.crc.finalize()),
-            md5: None,
+            md5,
         });
-        if !self.md5 {
+        if hashed_now {
             self.hashed = self.shards.len();
         }
-        self.syncer.sync(vec![(file, shard.path), (dali_file, dali_path)]);
+        if let (Closed::File(file), Some(dali_file)) = (closed, dali_file) {
+            self.syncer.sync(vec![(file, shard.path), (dali_file, dali_path)]);
+        }
         Ok(())
     }
 
@@ -347,19 +378,21 @@ fn start_writeback(file: &File) {
 
 impl ShardWriter {
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        self.file.write_all(bytes).map_err(Error::io(&self.path))?;
+        self.out.write(bytes, &self.path)?;
         self.bytes += bytes.len() as u64;
         self.unannounced += bytes.len() as u64;
         if self.unannounced >= HASH_STEP {
-            if let Some(hasher) = &self.hasher {
-                self.file.flush().map_err(Error::io(&self.path))?;
+            if let (Some(hasher), Some(file)) = (&self.hasher, self.out.file()) {
+                file.flush().map_err(Error::io(&self.path))?;
                 hasher.flushed_to(self.bytes);
             }
             self.unannounced = 0;
         }
         self.unflushed += bytes.len() as u64;
         if self.unflushed >= crate::sink::lmdb::WRITEBACK_BYTES {
-            start_writeback(self.file.get_ref());
+            if let Some(file) = self.out.file() {
+                start_writeback(file.get_ref());
+            }
             self.unflushed = 0;
         }
         Ok(())
@@ -372,6 +405,9 @@ impl Sink for WebDatasetSink {
     }
 
     fn checkpoint(&mut self, now: bool) -> Result<Option<Durable>> {
+        if !self.dest.resumable() {
+            return Ok(None);
+        }
         self.collect_md5s(now)?;
         let synced = if now { self.syncer.wait()? } else { self.syncer.done() };
         let durable = self.hashed.min(synced);
@@ -379,7 +415,7 @@ impl Sink for WebDatasetSink {
             return Ok(None);
         }
         // The index entries of the durable shards' samples must be on disk too.
-        let index_path = self.staged.path().join(SAMPLE_INDEX_FILE);
+        let index_path = self.dest.index_path();
         let index = self.index.as_mut().expect("open until finish");
         index.flush().and_then(|()| index.get_ref().sync_data()).map_err(Error::io(&index_path))?;
         self.durable = durable;
@@ -390,8 +426,7 @@ impl Sink for WebDatasetSink {
     fn finish(mut self: Box<Self>, meta: &Meta) -> Result<Finished> {
         self.close_shard()?;
         self.collect_md5s(true)?;
-        let dir = self.staged.path().to_path_buf();
-        let index_path = dir.join(SAMPLE_INDEX_FILE);
+        let index_path = self.dest.index_path();
         let mut index = (self.index.take().expect("open until finish"))
             .into_inner()
             .map_err(|e| Error::Io { path: index_path.clone(), source: e.into_error() })?;
@@ -406,25 +441,23 @@ impl Sink for WebDatasetSink {
         };
         index.seek(SeekFrom::Start(0)).map_err(Error::io(&index_path))?;
         index.write_all(&header.encode()).map_err(Error::io(&index_path))?;
+        self.dest.store_index(&mut index)?;
         drop(index);
 
         // A part is not a dataset: `wids` is pointed at the merged index, never at a part's.
         if meta.part.is_none() {
             let wids = WidsIndex::of(&self.shards);
-            write_file(&dir.join(WIDS_INDEX_FILE), &json_bytes(&wids))?;
+            self.dest.put(WIDS_INDEX_FILE, &json_bytes(&wids))?;
         }
-        write_file(&dir.join(META_FILE), &meta_json)?;
+        // Last: in a store, this object is what makes the prefix a dataset.
+        self.dest.put(META_FILE, &meta_json)?;
         self.syncer.finish()?;
         let bytes = self.shards.iter().map(|s| s.bytes).sum();
-        let WebDatasetSink { staged, warnings, .. } = *self;
-        let path = staged.target().to_path_buf();
-        staged.publish()?;
+        let WebDatasetSink { dest, warnings, .. } = *self;
+        let path = dest.target();
+        dest.publish()?;
         Ok(Finished { path, bytes, warnings })
     }
-}
-
-fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    std::fs::write(path, bytes).map_err(Error::io(path))
 }
 
 /// A ustar header for a regular file: deterministic (mtime 0, uid/gid 0, mode 0644, no names).

@@ -1,0 +1,246 @@
+//! Where a WebDataset's files go: a staged local directory, or a prefix in an object store.
+//!
+//! The sink writes the same bytes either way — shards, DALI `.idx`, `imgpack.index`,
+//! `shardindex.json`, `imgpack.json` — and this is the one place that knows the difference:
+//!
+//! * **A directory** ([`Staged`]): every file is written in the temporary directory, synced,
+//!   and the directory is renamed into place at the end, so the dataset appears whole.
+//! * **A store prefix** ([`Store`]): there is no rename in an object store, so visibility is
+//!   ordering instead. Each shard is streamed up as it is written (a multipart upload with a
+//!   few parts in flight, never a whole shard in memory: [`crate::store::upload`]), its `.idx`
+//!   follows it, `imgpack.index` (whose header is rewritten at the end) is spooled to a local
+//!   temporary file and uploaded at the end, and `imgpack.json`, which readers and `pack
+//!   verify` require, goes last. A prefix without it is not a dataset.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use imgpack_reader::webdataset::{META_FILE, SAMPLE_INDEX_FILE};
+use md5::{Digest, Md5};
+
+use crate::encoding::hex;
+use crate::pack::staged::Staged;
+use crate::store::{Store, Upload};
+use crate::{Error, Result};
+
+/// Where the output goes.
+pub(super) enum Destination {
+    /// A local directory, staged and renamed into place.
+    Dir(Staged),
+    /// A store prefix, written in visibility order; `imgpack.index` is spooled here first.
+    Store {
+        /// The prefix.
+        store: Store,
+        /// The local spool of `imgpack.index`, removed when dropped.
+        index: tempfile::NamedTempFile,
+        /// What this run stored, removed again if it stops without publishing.
+        stored: Stored,
+    },
+}
+
+/// The objects a run stored under a prefix. A run that stops without publishing (an error,
+/// Ctrl-C) deletes them when this is dropped, as a staged directory is removed, so the same
+/// command can simply run again; a killed run leaves them, without `imgpack.json`.
+pub(super) struct Stored {
+    store: Store,
+    names: Vec<String>,
+    published: bool,
+}
+
+impl Drop for Stored {
+    fn drop(&mut self) {
+        if !self.published && !self.names.is_empty() {
+            // Best effort: a failing run reports its own error, not this one.
+            let _ = self.store.delete_within(&self.names, std::time::Duration::from_secs(20));
+        }
+    }
+}
+
+impl Destination {
+    /// Prepares `store`'s prefix: refuses one that holds anything unless `overwrite`, in which
+    /// case what it holds is deleted, `imgpack.json` first (so the old dataset stops being one
+    /// before any of its objects goes).
+    pub(super) fn store(store: Store, overwrite: bool) -> Result<Destination> {
+        let mut names = store.list()?;
+        if !names.is_empty() {
+            if !overwrite {
+                let (url, objects) = (store.url().to_string(), names.len());
+                return Err(Error::StoreOutputExists {
+                    url,
+                    objects,
+                    dataset: names.iter().any(|n| n == META_FILE),
+                });
+            }
+            if let Some(meta) = names.iter().position(|n| n == META_FILE) {
+                let meta = names.remove(meta);
+                names.insert(0, meta);
+            }
+            store.delete(&names)?;
+        }
+        let index = tempfile::Builder::new()
+            .prefix(".imgpack-index-")
+            .tempfile()
+            .map_err(Error::io(std::env::temp_dir()))?;
+        let stored = Stored { store: store.clone(), names: Vec::new(), published: false };
+        Ok(Destination::Store { store, index, stored })
+    }
+
+    /// The output as the user named it.
+    pub(super) fn target(&self) -> PathBuf {
+        match self {
+            Destination::Dir(staged) => staged.target().to_path_buf(),
+            Destination::Store { store, .. } => PathBuf::from(store.url().to_string()),
+        }
+    }
+
+    /// Where a file of the output is named in messages: its path in the staged directory, or
+    /// its object's URL.
+    pub(super) fn name(&self, name: &str) -> PathBuf {
+        match self {
+            Destination::Dir(staged) => staged.path().join(name),
+            Destination::Store { store, .. } => PathBuf::from(store.url().object(name)),
+        }
+    }
+
+    /// The local file `imgpack.index` is written to.
+    pub(super) fn index_path(&self) -> PathBuf {
+        match self {
+            Destination::Dir(staged) => staged.path().join(SAMPLE_INDEX_FILE),
+            Destination::Store { index, .. } => index.path().to_path_buf(),
+        }
+    }
+
+    /// Creates `imgpack.index`, empty.
+    pub(super) fn create_index(&self) -> Result<File> {
+        let path = self.index_path();
+        match self {
+            Destination::Dir(_) => File::create(&path).map_err(Error::io(&path)),
+            Destination::Store { index, .. } => index.as_file().try_clone().map_err(Error::io(&path)),
+        }
+    }
+
+    /// Whether the output can be resumed from its checkpoints: a directory can; a store
+    /// prefix cannot yet.
+    pub(super) fn resumable(&self) -> bool {
+        matches!(self, Destination::Dir(_))
+    }
+
+    /// Starts shard `name`, to hold at most `max_bytes`.
+    pub(super) fn create_shard(&mut self, name: &str, max_bytes: u64, md5: bool) -> Result<ShardOut> {
+        match self {
+            Destination::Dir(staged) => {
+                let path = staged.path().join(name);
+                let file = File::create(&path).map_err(Error::io(&path))?;
+                Ok(ShardOut::File(BufWriter::with_capacity(64 << 10, file)))
+            }
+            Destination::Store { store, stored, .. } => {
+                stored.names.push(name.to_string());
+                Ok(ShardOut::Upload(Box::new(store.upload(name, max_bytes)?), md5.then(Md5::new)))
+            }
+        }
+    }
+
+    /// Stores a small file whole (a DALI index, `shardindex.json`, `imgpack.json`). In a
+    /// directory the file is returned, to be synced; in a store it exists when this returns.
+    pub(super) fn put(&mut self, name: &str, bytes: &[u8]) -> Result<Option<File>> {
+        match self {
+            Destination::Dir(staged) => {
+                let path = staged.path().join(name);
+                let mut file = File::create(&path).map_err(Error::io(&path))?;
+                file.write_all(bytes).map_err(Error::io(&path))?;
+                Ok(Some(file))
+            }
+            Destination::Store { store, stored, .. } => {
+                stored.names.push(name.to_string());
+                store.put(name, bytes.to_vec()).map(|()| None)
+            }
+        }
+    }
+
+    /// Makes `imgpack.index`, complete in its local file, part of the output: nothing to do in
+    /// a directory; uploaded, streamed from the spool, to a store.
+    pub(super) fn store_index(&mut self, file: &mut File) -> Result<()> {
+        let Destination::Store { store, index, stored } = self else { return Ok(()) };
+        stored.names.push(SAMPLE_INDEX_FILE.to_string());
+        let path = index.path();
+        let len = file.seek(SeekFrom::End(0)).map_err(Error::io(path))?;
+        file.seek(SeekFrom::Start(0)).map_err(Error::io(path))?;
+        let mut upload = store.upload(SAMPLE_INDEX_FILE, len)?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read(&mut buf).map_err(Error::io(path))?;
+            if n == 0 {
+                break;
+            }
+            upload.write(&buf[..n])?;
+        }
+        upload.finish()
+    }
+
+    /// Makes the output visible: the staged directory is renamed into place; in a store,
+    /// `imgpack.json` was the last object written, which is what makes a prefix a dataset.
+    pub(super) fn publish(self) -> Result<()> {
+        match self {
+            Destination::Dir(staged) => staged.publish(),
+            Destination::Store { mut stored, .. } => {
+                stored.published = true;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Where one shard's bytes go while it is written.
+pub(super) enum ShardOut {
+    /// A file in the staged directory.
+    File(BufWriter<File>),
+    /// A multipart upload, with the shard's MD5 (`--md5`) summed as its bytes go by, since
+    /// there is no file to read it back from.
+    Upload(Box<Upload>, Option<Md5>),
+}
+
+/// A closed shard.
+pub(super) enum Closed {
+    /// Its file, to be synced (and, with `--md5`, read back by its hasher).
+    File(File),
+    /// Uploaded: the object exists; its MD5 if asked for.
+    Stored(Option<String>),
+}
+
+impl ShardOut {
+    /// Appends `bytes`; `path` names the shard in errors.
+    pub(super) fn write(&mut self, bytes: &[u8], path: &Path) -> Result<()> {
+        match self {
+            ShardOut::File(file) => file.write_all(bytes).map_err(Error::io(path)),
+            ShardOut::Upload(upload, md5) => {
+                if let Some(md5) = md5 {
+                    md5.update(bytes);
+                }
+                upload.write(bytes)
+            }
+        }
+    }
+
+    /// The shard's file, when it is one.
+    pub(super) fn file(&mut self) -> Option<&mut BufWriter<File>> {
+        match self {
+            ShardOut::File(file) => Some(file),
+            ShardOut::Upload(..) => None,
+        }
+    }
+
+    /// Ends the shard: flushes its file, or completes its upload.
+    pub(super) fn close(self, path: &Path) -> Result<Closed> {
+        match self {
+            ShardOut::File(file) => file
+                .into_inner()
+                .map(Closed::File)
+                .map_err(|e| Error::Io { path: path.to_path_buf(), source: e.into_error() }),
+            ShardOut::Upload(upload, md5) => {
+                upload.finish()?;
+                Ok(Closed::Stored(md5.map(|m| hex(&m.finalize()))))
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! `-o s3://...` as far as it goes without a server: what is refused before any request (exit
+//! 2, saying what to do instead), and an endpoint nobody answers at (exit 1, its own message,
+//! quickly). The round trips against a real S3 server are in tests/interop/test_s3.py.
+
+use std::time::{Duration, Instant};
+
+use crate::util::*;
+
+/// `pack` with no AWS settings from the machine running the tests, and test credentials.
+fn pack_to_store(args: &[&dyn AsRef<std::ffi::OsStr>]) -> assert_cmd::Command {
+    let mut cmd = pack(args);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("AWS_") {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    cmd
+}
+
+fn stderr_of(cmd: &mut assert_cmd::Command, code: i32) -> String {
+    let output = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(code), "{stderr}");
+    stderr
+}
+
+#[test]
+fn what_a_store_cannot_take_yet_is_refused_before_any_request() {
+    let tree = testdata().join("imagefolder");
+    // Port 9 on the loopback address: had a request been sent, the error would be another.
+    let endpoint = "http://127.0.0.1:9";
+    for (args, expected) in [
+        (vec!["--to", "lmdb"], "--to lmdb is not supported for object storage yet"),
+        (vec!["--to", "imagefolder"], "--to imagefolder is not supported for object storage yet"),
+        (vec!["--to", "webdataset", "--resume"], "--resume is not supported for object storage yet"),
+    ] {
+        let mut cmd =
+            pack_to_store(&[&tree, &"-o", &"s3://my-bucket/train/", &"--endpoint", &endpoint, &"-q"]);
+        cmd.args(&args);
+        let stderr = stderr_of(&mut cmd, 2);
+        assert!(stderr.contains(expected) && stderr.contains("s3://my-bucket/train/"), "{args:?}: {stderr}");
+    }
+    let stderr =
+        stderr_of(&mut pack_to_store(&[&tree, &"--to", &"lmdb", &"-o", &"s3://my-bucket/t/", &"-q"]), 2);
+    assert!(stderr.contains("aws s3 cp --recursive"), "{stderr}");
+}
+
+#[test]
+fn a_bad_location_or_endpoint_is_a_usage_error_naming_it() {
+    let tree = testdata().join("imagefolder");
+    let stderr = stderr_of(
+        &mut pack_to_store(&[&tree, &"--to", &"webdataset", &"-o", &"s3://My_Bucket/x/", &"-q"]),
+        2,
+    );
+    assert!(stderr.contains("s3://My_Bucket/x/: bucket name \"My_Bucket\""), "{stderr}");
+    let stderr = stderr_of(
+        &mut pack_to_store(&[
+            &tree,
+            &"--to",
+            &"webdataset",
+            &"-o",
+            &"s3://bucket/x/",
+            &"--endpoint",
+            &"localhost:9000",
+        ]),
+        2,
+    );
+    assert!(stderr.contains("--endpoint localhost:9000") && stderr.contains("http://"), "{stderr}");
+}
+
+#[test]
+fn an_endpoint_nobody_answers_at_fails_at_once_naming_it_and_the_bucket() {
+    let tree = testdata().join("imagefolder");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    let mut cmd = pack_to_store(&[&tree, &"--to", &"webdataset", &"-o", &"s3://my-bucket/train/", &"-q"]);
+    // Through the AWS CLI's variable, as a machine set up for `aws s3` has it.
+    cmd.env("AWS_ENDPOINT_URL", &endpoint);
+    let stderr = stderr_of(&mut cmd, 1);
+    assert!(
+        stderr.contains(&format!(
+            "cannot connect to the store at {endpoint} (bucket \"my-bucket\", key \"train/\")"
+        )),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+}
+
+#[test]
+fn commands_that_would_read_a_store_say_it_is_not_supported_yet() {
+    let url = "s3://my-bucket/shards/";
+    for args in [
+        vec!["verify", url],
+        vec!["info", url],
+        vec!["ls", url],
+        vec!["merge", url],
+        vec!["bench-read", url],
+        vec!["plan", url, "-o", "x.plan"],
+        vec![url, "--to", "lmdb", "-o", "x.lmdb"],
+    ] {
+        let mut cmd = pack_to_store(&[]);
+        cmd.args(&args).arg("-q");
+        let stderr = stderr_of(&mut cmd, 2);
+        assert!(
+            stderr.contains(&format!("{url}: object storage works only as the -o")),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains(&format!("aws s3 sync {url} DIR")), "{args:?}: {stderr}");
+    }
+}
