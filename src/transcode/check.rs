@@ -51,7 +51,7 @@ pub fn complete(bytes: &[u8], format: ImageFormat) -> Result<(), String> {
 }
 
 /// Whether a JPEG has a frame header (an `SOFn` marker) before its first scan: the segments
-/// after SOI are walked by their lengths, as [`jpeg_reaches_eoi`] walks them, stopping at the
+/// after SOI are walked by their lengths, as `jpeg_reaches_eoi` walks them, stopping at the
 /// first scan or the end. libjpeg-turbo's header reader cannot be trusted to say so: on a file
 /// with none (cut short after its APP segments, or SOI straight to EOI) it reports success and
 /// the previous image's dimensions, left in the per-thread decoder.
