@@ -347,7 +347,10 @@ def test_a_killed_run_leaves_no_dataset_and_overwrite_starts_over(pack_bin, s3_s
 def test_a_bucket_deleted_mid_run_stops_it_at_once_naming_the_bucket(pack_bin, s3_server, tmp_path):
     client = s3_server.client()
     client.create_bucket(Bucket="deleted-mid-run")
-    tree = big_tree(tmp_path / "tree", copies=12)
+    # Four times the other interrupted runs' tree: the run must still have most of its shards
+    # to store when SeaweedFS has taken the bucket away (its delete takes a moment to reach the
+    # S3 gateway); with 12 copies a fast machine once finished first.
+    tree = big_tree(tmp_path / "tree", copies=48)
     args = [tree, "--to", "webdataset", "--shard-size", "256KiB", "-q", "--threads", "1"]
     proc = start_pack(pack_bin, s3_server.env(), *args, "-o", "s3://deleted-mid-run/ds/")
     wait_for_shards(client, "deleted-mid-run", "ds/", proc, 2)
