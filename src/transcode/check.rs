@@ -50,35 +50,44 @@ pub fn complete(bytes: &[u8], format: ImageFormat) -> Result<(), String> {
     }
 }
 
-/// Whether a JPEG has a frame header (an `SOFn` marker) before its first scan: the segments
-/// after SOI are walked by their lengths, as `jpeg_reaches_eoi` walks them, stopping at the
-/// first scan or the end. libjpeg-turbo's header reader cannot be trusted to say so: on a file
-/// with none (cut short after its APP segments, or SOI straight to EOI) it reports success and
-/// the previous image's dimensions, left in the per-thread decoder.
-pub fn jpeg_has_frame(bytes: &[u8]) -> bool {
-    let mut pos = 2; // after SOI
-    loop {
+/// The markers of a JPEG's segments after SOI, in order, each with the position just past it
+/// (where a segment's 2-byte length is), walked by the segments' lengths: up to the first scan
+/// (`SOS`, the last one given), an `EOI`, or a marker or length the bytes do not hold. Fill
+/// bytes (runs of `0xFF`) may precede a marker.
+fn jpeg_markers(bytes: &[u8]) -> impl Iterator<Item = (u8, usize)> + '_ {
+    let mut next = Some(2); // after SOI
+    std::iter::from_fn(move || {
+        let mut pos = next.take()?;
         while bytes.get(pos) == Some(&0xFF) && bytes.get(pos + 1) == Some(&0xFF) {
             pos += 1;
         }
-        let (Some(&0xFF), Some(&marker)) = (bytes.get(pos), bytes.get(pos + 1)) else { return false };
+        let (Some(&0xFF), Some(&marker)) = (bytes.get(pos), bytes.get(pos + 1)) else { return None };
         pos += 2;
-        match marker {
-            // SOF0-SOF15, but for DHT (C4), JPG (C8) and DAC (CC); a frame header declares
-            // precision, height, width and components: at least 8 bytes after its length.
-            0xC0..=0xCF if !matches!(marker, 0xC4 | 0xC8 | 0xCC) => {
-                return bytes.get(pos..pos + 2).is_some_and(|b| u16::from_be_bytes([b[0], b[1]]) >= 8)
-                    && bytes.len() >= pos + 8;
-            }
-            0xD9 | 0xDA => return false,
-            0x01 | 0xD0..=0xD7 => continue,
-            _ => {}
-        }
-        let Some(len) = bytes.get(pos..pos + 2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]]))) else {
-            return false;
+        next = match marker {
+            0xD9 | 0xDA => None,
+            0x01 | 0xD0..=0xD7 => Some(pos), // no length
+            _ => segment_len(bytes, pos).map(|len| pos + len),
         };
-        pos += len;
-    }
+        Some((marker, pos))
+    })
+}
+
+/// The length of the segment whose length field is at `pos`, if the bytes hold it.
+fn segment_len(bytes: &[u8], pos: usize) -> Option<usize> {
+    bytes.get(pos..pos + 2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+}
+
+/// Whether a JPEG has a frame header (an `SOFn` marker) before its first scan, whole enough to
+/// declare precision, height, width and components. libjpeg-turbo's header reader cannot be
+/// trusted to say so: on a file with none (cut short after its APP segments, or SOI straight
+/// to EOI) it reports success and the previous image's dimensions, left in the per-thread
+/// decoder.
+pub fn jpeg_has_frame(bytes: &[u8]) -> bool {
+    // SOF0-SOF15, but for DHT (C4), JPG (C8) and DAC (CC).
+    let frame = |marker: u8| matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC);
+    jpeg_markers(bytes)
+        .find(|&(marker, _)| frame(marker))
+        .is_some_and(|(_, pos)| segment_len(bytes, pos).is_some_and(|len| len >= 8) && bytes.len() >= pos + 8)
 }
 
 /// Whether a JPEG reaches its end-of-image marker: the segments before the first scan are
@@ -88,27 +97,13 @@ pub fn jpeg_has_frame(bytes: &[u8]) -> bool {
 /// scan). The search runs backwards from the end with `memchr`, so a whole file — EOI last — is
 /// confirmed in a few bytes, and only a damaged one is read through.
 fn jpeg_reaches_eoi(bytes: &[u8]) -> bool {
-    let mut pos = 2; // after SOI
-    loop {
-        // Fill bytes (0xFF runs) may precede a marker.
-        while bytes.get(pos) == Some(&0xFF) && bytes.get(pos + 1) == Some(&0xFF) {
-            pos += 1;
-        }
-        let (Some(&0xFF), Some(&marker)) = (bytes.get(pos), bytes.get(pos + 1)) else { return false };
-        pos += 2;
-        match marker {
-            0xD9 => return true,
-            0x01 | 0xD0..=0xD7 => continue,
-            _ => {}
-        }
-        let Some(len) = bytes.get(pos..pos + 2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]]))) else {
-            return false;
-        };
-        pos += len;
-        if marker == 0xDA {
-            return bytes.get(pos..).is_some_and(|rest| memchr::memmem::rfind(rest, b"\xFF\xD9").is_some());
-        }
-    }
+    jpeg_markers(bytes).any(|(marker, pos)| match marker {
+        0xD9 => true,
+        0xDA => segment_len(bytes, pos)
+            .and_then(|len| bytes.get(pos + len..))
+            .is_some_and(|rest| memchr::memmem::rfind(rest, b"\xFF\xD9").is_some()),
+        _ => false,
+    })
 }
 
 /// Walks a PNG's chunks (length, type, data, CRC) up to `IEND`.
