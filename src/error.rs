@@ -164,6 +164,15 @@ pub enum Error {
         /// What the connection attempt said.
         reason: String,
     },
+    /// The multipart upload of an object was aborted while this run wrote it, and not by this
+    /// run; its bucket still exists (else [`Error::NoSuchBucket`]).
+    #[error("{url}: the store at {endpoint} no longer has this run's unfinished upload (NoSuchUpload): something else aborted it, such as another run writing to the same prefix, or a cleanup script or lifecycle rule that aborts incomplete uploads; nothing was published: make sure only one run writes to this prefix, then run the command again")]
+    StoreUploadAborted {
+        /// The object being uploaded (`s3://bucket/key`).
+        url: String,
+        /// The endpoint asked.
+        endpoint: String,
+    },
     /// Any other store failure, once transient errors (timeouts, 5xx, dropped connections)
     /// were retried with backoff.
     #[error("{url}: {operation} failed at {endpoint}, after retrying: {reason}; nothing was published: run the command again once the store is back")]

@@ -31,6 +31,9 @@ pub use url::{is_store_url, StoreUrl};
 
 use crate::{Error, Result};
 
+/// How long [`Store::upload_error`] waits to learn whether the bucket still exists.
+const BUCKET_PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A prefix in a bucket, with the clients and the runtime to reach it.
 #[derive(Clone)]
 pub struct Store {
@@ -82,6 +85,34 @@ impl Store {
         operation: &'static str,
     ) -> impl Fn(object_store::Error) -> Error + 'a {
         move |e| problem::to_error(&e, &self.url, name, operation, &self.endpoint)
+    }
+
+    /// The typed error for a failed `operation` on the multipart upload of object `name`. A
+    /// store answers `NoSuchUpload` both when someone aborted the upload and when its bucket
+    /// was deleted; one listing tells which, so the message gives the right fix.
+    pub(crate) fn upload_error<'a>(
+        &'a self,
+        name: &'a str,
+        operation: &'static str,
+    ) -> impl Fn(object_store::Error) -> Error + 'a {
+        move |e| {
+            let error = problem::to_error(&e, &self.url, name, operation, &self.endpoint);
+            if !matches!(error, Error::StoreUploadAborted { .. }) {
+                return error;
+            }
+            let probe =
+                async { tokio::time::timeout(BUCKET_PROBE_WAIT, self.check.list(None).try_next()).await };
+            match self.runtime.block_on(probe) {
+                Ok(Err(listing)) if problem::classify(&listing) == problem::Problem::NoSuchBucket => {
+                    Error::NoSuchBucket {
+                        url: self.url.object(name),
+                        bucket: self.url.bucket.clone(),
+                        endpoint: self.endpoint.clone(),
+                    }
+                }
+                _ => error,
+            }
+        }
     }
 
     fn key(&self, name: &str) -> Key {

@@ -20,6 +20,9 @@ use crate::Error;
 pub(crate) enum Problem {
     /// The bucket does not exist.
     NoSuchBucket,
+    /// The multipart upload being written is gone: aborted by someone else, or its bucket
+    /// deleted (stores answer `NoSuchUpload` then, not `NoSuchBucket`).
+    UploadGone,
     /// The credentials are unknown, wrong or not allowed: the store's code.
     Denied(String),
     /// Nothing answers at the endpoint: what the connection said.
@@ -63,6 +66,7 @@ pub(crate) fn classify_text(text: &str, denied_variant: bool) -> Problem {
         text.split_once("<Code>").and_then(|(_, rest)| rest.split_once("</Code>")).map(|(code, _)| code);
     match code {
         Some("NoSuchBucket") => Problem::NoSuchBucket,
+        Some("NoSuchUpload") => Problem::UploadGone,
         Some(code) if DENIED.contains(&code) => Problem::Denied(code.to_string()),
         _ if denied_variant || text.contains("403 Forbidden") => Problem::Denied("HTTP 403 Forbidden".into()),
         _ if text.contains("401 Unauthorized") => Problem::Denied("HTTP 401 Unauthorized".into()),
@@ -103,6 +107,7 @@ pub(crate) fn to_error(
         (url.object(name), url.key(name), url.bucket.clone(), endpoint.to_string());
     match classify(error) {
         Problem::NoSuchBucket => Error::NoSuchBucket { url: object, bucket, endpoint },
+        Problem::UploadGone => Error::StoreUploadAborted { url: object, endpoint },
         Problem::Denied(code) => Error::StoreDenied { url: object, bucket, key, endpoint, code },
         Problem::Unreachable(reason) => {
             Error::StoreUnreachable { url: object, bucket, key, endpoint, reason }
@@ -144,6 +149,10 @@ mod tests {
                 "{code}"
             );
         }
+        assert_eq!(
+            classify_text(&listing_failed("404 Not Found", "NoSuchUpload"), false),
+            Problem::UploadGone
+        );
         assert_eq!(classify_text(&listing_failed("404 Not Found", "NoSuchKey"), false), Problem::Other);
         assert_eq!(
             classify_text(&listing_failed("500 Internal Server Error", "InternalError"), false),

@@ -73,7 +73,7 @@ impl Upload {
                 self.store
                     .runtime
                     .block_on(writer.wait_for_capacity(IN_FLIGHT - 1))
-                    .map_err(self.store.error(&self.name, "upload"))?;
+                    .map_err(self.store.upload_error(&self.name, "upload"))?;
             }
             // Sending a full part spawns a task on the store's runtime.
             let _entered = self.store.runtime.enter();
@@ -94,7 +94,11 @@ impl Upload {
     /// when this returns.
     pub fn finish(mut self) -> Result<()> {
         let writer = self.writer.take().expect("finished once");
-        self.store.runtime.block_on(writer.finish()).map(drop).map_err(self.store.error(&self.name, "upload"))
+        self.store
+            .runtime
+            .block_on(writer.finish())
+            .map(drop)
+            .map_err(self.store.upload_error(&self.name, "upload"))
     }
 }
 

@@ -10,6 +10,7 @@ Run: PACK=$PWD/target/debug/pack ~/.cache/imgpack-venv/bin/python -m pytest test
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import botocore.exceptions
 import pytest
 import webdataset as wds
 
@@ -347,21 +349,70 @@ def test_a_killed_run_leaves_no_dataset_and_overwrite_starts_over(pack_bin, s3_s
 def test_a_bucket_deleted_mid_run_stops_it_at_once_naming_the_bucket(pack_bin, s3_server, tmp_path):
     client = s3_server.client()
     client.create_bucket(Bucket="deleted-mid-run")
-    # Four times the other interrupted runs' tree: the run must still have most of its shards
-    # to store when SeaweedFS has taken the bucket away (its delete takes a moment to reach the
-    # S3 gateway); with 12 copies a fast machine once finished first.
     tree = big_tree(tmp_path / "tree", copies=48)
     args = [tree, "--to", "webdataset", "--shard-size", "256KiB", "-q", "--threads", "1"]
     proc = start_pack(pack_bin, s3_server.env(), *args, "-o", "s3://deleted-mid-run/ds/")
     wait_for_shards(client, "deleted-mid-run", "ds/", proc, 2)
-    started = time.monotonic()
-    client.delete_bucket(Bucket="deleted-mid-run")  # SeaweedFS deletes a bucket that holds objects
+    # The run is held still until the store says the bucket is gone (SeaweedFS's delete takes
+    # a moment to reach its S3 gateway): else a fast machine can finish first.
+    with stopped(proc):
+        client.delete_bucket(Bucket="deleted-mid-run")  # SeaweedFS deletes a bucket that holds objects
+        wait_until_gone(client, "deleted-mid-run")
+        started = time.monotonic()
     _, stderr = proc.communicate(timeout=240)
-    print(stderr)
     assert proc.returncode == 1, stderr
     assert 'there is no bucket "deleted-mid-run"' in stderr and "s3://deleted-mid-run/ds/" in stderr, stderr
     # A permanent error is not retried for minutes.
     assert time.monotonic() - started < 60
+
+
+@contextlib.contextmanager
+def stopped(proc: subprocess.Popen):
+    """Holds `proc` still (SIGSTOP) while the block changes the store under it."""
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGCONT)
+
+
+def wait_until_gone(client, bucket: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        # Both answers: SeaweedFS's HEAD says "gone" a moment before its listing does.
+        try:
+            client.head_bucket(Bucket=bucket)
+        except botocore.exceptions.ClientError:
+            try:
+                client.list_objects_v2(Bucket=bucket, MaxKeys=1)
+            except botocore.exceptions.ClientError:
+                return
+        time.sleep(0.05)
+    pytest.fail(f"bucket {bucket} was still there 60 s after it was deleted")
+
+
+def test_an_upload_aborted_by_someone_else_is_named_with_the_fix(pack_bin, s3_server, bucket, tmp_path):
+    # One shard for the whole run, so its multipart upload is open from start to end; another
+    # client aborting it (a second run, a cleanup script) must be told apart from a deleted
+    # bucket, which stores also answer with NoSuchUpload.
+    tree = big_tree(tmp_path / "tree", copies=48)
+    env, client = s3_server.env(), s3_server.client()
+    url = f"s3://{bucket}/aborted/"
+    proc = start_pack(pack_bin, env, tree, "--to", "webdataset", "-q", "--threads", "1", "-o", url)
+    deadline = time.monotonic() + 120
+    while not (uploads := client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])):
+        assert proc.poll() is None, f"pack ended (exit {proc.returncode}) before its upload was seen"
+        assert time.monotonic() < deadline, "no upload was started within 120 s"
+        time.sleep(0.02)
+    with stopped(proc):  # so the run cannot complete the upload before it is aborted
+        for upload in uploads:
+            client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+    _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 1, stderr
+    assert f"{url}shard-000000.tar: the store at {env['AWS_ENDPOINT_URL']}" in stderr, stderr
+    assert "no longer has this run's unfinished upload" in stderr and "only one run" in stderr, stderr
+    assert "there is no bucket" not in stderr, stderr
+    assert META not in objects(client, bucket, "aborted/")
 
 
 def test_ctrl_c_stops_removes_what_it_stored_and_leaves_no_upload(pack_bin, s3_server, bucket, tmp_path):
