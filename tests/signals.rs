@@ -188,6 +188,24 @@ impl Running {
         assert_eq!(unsafe { libc::kill(if group { -pid } else { pid }, signal) }, 0);
     }
 
+    /// What the process is doing, for a failure's message: whether it has exited, and else its
+    /// state, where it waits in the kernel and which signals it blocks, catches and has pending.
+    fn state(&mut self) -> String {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return format!("pack exited: {status}");
+        }
+        let proc = PathBuf::from(format!("/proc/{}", self.pid()));
+        let status = fs::read_to_string(proc.join("status")).unwrap_or_default();
+        let fields: Vec<&str> = status
+            .lines()
+            .filter(|l| {
+                ["State", "SigPnd", "ShdPnd", "SigBlk", "SigCgt", "Threads"].iter().any(|f| l.starts_with(f))
+            })
+            .collect();
+        let wchan = fs::read_to_string(proc.join("wchan")).unwrap_or_default();
+        format!("pack is running: {}; wchan {wchan}", fields.join(", "))
+    }
+
     /// Waits for a line of stderr holding `text`, for at most a minute.
     fn wait_for_line(&mut self, text: &str) {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -195,7 +213,10 @@ impl Running {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) => self.stderr.push(line),
-                Err(_) => panic!("no {text:?} on stderr: {:?}", self.stderr),
+                Err(_) => {
+                    let state = self.state();
+                    panic!("no {text:?} on stderr: {:?}; {state}", self.stderr)
+                }
             }
         }
     }
