@@ -126,66 +126,6 @@ pub enum Error {
         /// What is missing, unfinished or foreign, and what to do.
         reason: String,
     },
-    /// The bucket of a store location does not exist at the endpoint.
-    #[error("{url}: there is no bucket {bucket:?} at {endpoint}; create it first (e.g. `aws s3 mb s3://{bucket}` with --endpoint-url {endpoint} for a local store), or correct the bucket in -o")]
-    NoSuchBucket {
-        /// The object the failed request was about (`s3://bucket/key`).
-        url: String,
-        /// The bucket.
-        bucket: String,
-        /// The endpoint asked.
-        endpoint: String,
-    },
-    /// The store refused the request: credentials unknown or wrong, or not allowed to.
-    #[error("{url}: the store at {endpoint} denied access to bucket {bucket:?}, key {key:?} ({code}); check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, with AWS_SESSION_TOKEN for temporary ones) and that they may list, write and delete in that bucket")]
-    StoreDenied {
-        /// The object the failed request was about (`s3://bucket/key`).
-        url: String,
-        /// The bucket.
-        bucket: String,
-        /// The key.
-        key: String,
-        /// The endpoint asked.
-        endpoint: String,
-        /// What the store said (its error code, e.g. `InvalidAccessKeyId`).
-        code: String,
-    },
-    /// The store's endpoint does not answer.
-    #[error("{url}: cannot connect to the store at {endpoint} (bucket {bucket:?}, key {key:?}): {reason}; check --endpoint or AWS_ENDPOINT_URL, and that the store is running")]
-    StoreUnreachable {
-        /// The object the failed request was about (`s3://bucket/key`).
-        url: String,
-        /// The bucket.
-        bucket: String,
-        /// The key.
-        key: String,
-        /// The endpoint asked.
-        endpoint: String,
-        /// What the connection attempt said.
-        reason: String,
-    },
-    /// The multipart upload of an object was aborted while this run wrote it, and not by this
-    /// run; its bucket still exists (else [`Error::NoSuchBucket`]).
-    #[error("{url}: the store at {endpoint} no longer has this run's unfinished upload (NoSuchUpload): something else aborted it, such as another run writing to the same prefix, or a cleanup script or lifecycle rule that aborts incomplete uploads; nothing was published: make sure only one run writes to this prefix, then run the command again")]
-    StoreUploadAborted {
-        /// The object being uploaded (`s3://bucket/key`).
-        url: String,
-        /// The endpoint asked.
-        endpoint: String,
-    },
-    /// Any other store failure, once transient errors (timeouts, 5xx, dropped connections)
-    /// were retried with backoff.
-    #[error("{url}: {operation} failed at {endpoint}, after retrying: {reason}; nothing was published: run the command again once the store is back")]
-    Store {
-        /// The object the failed request was about (`s3://bucket/key`).
-        url: String,
-        /// What was being done (`upload`, `list`, ...).
-        operation: &'static str,
-        /// The endpoint asked.
-        endpoint: String,
-        /// What the store or the connection said.
-        reason: String,
-    },
     /// Reading a dataset back failed.
     #[error(transparent)]
     Reader(#[from] imgpack_reader::Error),

@@ -1,6 +1,6 @@
-//! `-o s3://...` as far as it goes without a server: what is refused before any request (exit
-//! 2, saying what to do instead), and an endpoint nobody answers at (exit 1, its own message,
-//! quickly). The round trips against a real S3 server are in tests/interop/test_s3.py.
+//! `-o s3://...` and `pack info`/`ls s3://...` as far as they go without a server: what is
+//! refused before any request (exit 2, saying what to do instead), and an endpoint nobody
+//! answers at (exit 1, its own message, quickly). The round trips against a real S3 server are in tests/interop/test_s3.py.
 
 use std::time::{Duration, Instant};
 
@@ -91,12 +91,28 @@ fn an_endpoint_nobody_answers_at_fails_at_once_naming_it_and_the_bucket() {
 }
 
 #[test]
+fn info_and_ls_read_a_store_and_name_an_endpoint_nobody_answers_at() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    for command in ["info", "ls"] {
+        let mut cmd = pack_to_store(&[&command, &"s3://my-bucket/shards/", &"--endpoint", &endpoint]);
+        let stderr = stderr_of(&mut cmd, 1);
+        assert!(
+            stderr.contains(&format!(
+                "cannot connect to the store at {endpoint} (bucket \"my-bucket\", key \"shards/\")"
+            )),
+            "{command}: {stderr}"
+        );
+    }
+    let stderr = stderr_of(&mut pack_to_store(&[&"info", &"s3://My_Bucket/x/"]), 2);
+    assert!(stderr.contains("s3://My_Bucket/x/: bucket name \"My_Bucket\""), "{stderr}");
+}
+
+#[test]
 fn commands_that_would_read_a_store_say_it_is_not_supported_yet() {
     let url = "s3://my-bucket/shards/";
     for args in [
         vec!["verify", url],
-        vec!["info", url],
-        vec!["ls", url],
         vec!["merge", url],
         vec!["bench-read", url],
         vec!["plan", url, "-o", "x.plan"],

@@ -52,17 +52,27 @@ class Sample:
         return f"Sample(index={self.index}, key={self.key!r}, label={self.label}, path={self.path!r}, fields={{{sizes}}})"
 
 
-def open(path: "os.PathLike[str] | str", verify_checksums: bool = False) -> "Dataset":
+def open(
+    path: "os.PathLike[str] | str", verify_checksums: bool = False, endpoint: Optional[str] = None
+) -> "Dataset":
     """Opens the LMDB or WebDataset dataset that ``pack`` wrote at ``path`` (a single run's
     output or merged parts).
+
+    ``path`` may be an object store prefix, ``"s3://bucket/prefix/"``, holding a WebDataset
+    ``pack`` stored there: ``ds[i]`` is then one ranged GET of the sample's bytes, iteration one
+    streamed GET per shard. ``endpoint`` names an S3-compatible store (``"http://127.0.0.1:8333"``);
+    without it ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` does, else AWS itself.
+    Credentials come from the usual AWS environment variables.
 
     With ``verify_checksums=True`` every read checks the sample's CRC-32 and raises
     ``imgpack.ChecksumError`` naming the sample on a mismatch (one more pass over its bytes).
 
-    Raises ``FileNotFoundError`` if ``path`` does not exist and ``ValueError`` (with the
-    message ``pack`` gives) if it holds no complete dataset.
+    Raises ``FileNotFoundError`` if ``path`` (or the bucket) does not exist and ``ValueError``
+    (with the message ``pack`` gives) if it holds no complete dataset; in a store,
+    ``PermissionError`` for refused credentials and ``ConnectionError`` for an endpoint that
+    does not answer.
     """
-    return Dataset(path, verify_checksums=verify_checksums)
+    return Dataset(path, verify_checksums=verify_checksums, endpoint=endpoint)
 
 
 class Dataset:
@@ -75,9 +85,12 @@ class Dataset:
     ``num_workers`` under ``fork`` and ``spawn``.
     """
 
-    def __init__(self, path: "os.PathLike[str] | str", verify_checksums: bool = False):
+    def __init__(
+        self, path: "os.PathLike[str] | str", verify_checksums: bool = False, endpoint: Optional[str] = None
+    ):
         self._path = os.fspath(path)
         self._verify = bool(verify_checksums)
+        self._endpoint = endpoint
         self._lock = threading.Lock()
         self._raw: Optional[Any] = None
         self._pid: Optional[int] = None
@@ -92,16 +105,17 @@ class Dataset:
             return raw
         with self._lock:
             if self._raw is None or self._pid != os.getpid():
-                self._raw = _imgpack.open(self._path, verify_checksums=self._verify)
+                self._raw = _imgpack.open(self._path, verify_checksums=self._verify, endpoint=self._endpoint)
                 self._pid = os.getpid()
             return self._raw
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {"path": self._path, "verify_checksums": self._verify}
+        return {"path": self._path, "verify_checksums": self._verify, "endpoint": self._endpoint}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self._path = state["path"]
         self._verify = state["verify_checksums"]
+        self._endpoint = state.get("endpoint")
         self._lock = threading.Lock()
         self._raw = None
         self._pid = None

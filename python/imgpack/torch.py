@@ -32,6 +32,9 @@ class ImageFolder(torch.utils.data.Dataset):
     ``root`` is the source root as ``pack`` recorded it (``meta["source"]["root"]``), so
     ``samples`` holds the paths ``ImageFolder(root).samples`` holds; pass ``root=`` to name
     the tree differently (for example where it is mounted now).
+
+    ``path`` may be the ``s3://bucket/prefix/`` of a WebDataset ``pack`` stored there, at
+    ``endpoint`` (see ``imgpack.open``): each sample is then one ranged GET.
     """
 
     def __init__(
@@ -41,8 +44,9 @@ class ImageFolder(torch.utils.data.Dataset):
         target_transform: Optional[Callable[..., Any]] = None,
         verify_checksums: bool = False,
         root: Optional[str] = None,
+        endpoint: Optional[str] = None,
     ):
-        self.dataset = Dataset(path, verify_checksums=verify_checksums)
+        self.dataset = Dataset(path, verify_checksums=verify_checksums, endpoint=endpoint)
         self.transform = transform
         self.target_transform = target_transform
         self.root = root if root is not None else self.dataset.meta["source"]["root"]

@@ -33,13 +33,19 @@ struct MapKeeper {
     _keep: KeepAlive,
 }
 
-/// Opens the LMDB or WebDataset dataset at `path`; see `imgpack.open`.
+/// Opens the LMDB or WebDataset dataset at `path` (an `s3://` one at `endpoint`); see
+/// `imgpack.open`.
 #[pyfunction]
-#[pyo3(signature = (path, verify_checksums = false))]
-pub fn open(py: Python<'_>, path: PathBuf, verify_checksums: bool) -> PyResult<RawDataset> {
+#[pyo3(signature = (path, verify_checksums = false, endpoint = None))]
+pub fn open(
+    py: Python<'_>,
+    path: PathBuf,
+    verify_checksums: bool,
+    endpoint: Option<String>,
+) -> PyResult<RawDataset> {
     py.detach(|| {
         no_panic("open", || {
-            let dataset = imgpack_reader::open(&path)
+            let dataset = imgpack_reader::open_with_endpoint(&path, endpoint.as_deref())
                 .and_then(|d| d.verify_checksums(verify_checksums))
                 .map_err(to_py)?;
             let meta_json = serde_json::to_string(dataset.meta()).expect("metadata serialises");
@@ -71,7 +77,7 @@ impl RawDataset {
     fn format(&self) -> &'static str {
         match &*self.inner {
             Dataset::Lmdb(_) => "lmdb",
-            Dataset::WebDataset(_) => "webdataset",
+            Dataset::WebDataset(_) | Dataset::Remote(_) => "webdataset",
             _ => "unknown",
         }
     }

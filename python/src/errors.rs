@@ -3,12 +3,17 @@
 //! A missing path is `FileNotFoundError`, an index past the end `IndexError`, a checksum
 //! mismatch `imgpack.ChecksumError` (a `ValueError`) naming the sample, a directory that is no
 //! dataset (or a damaged one) `ValueError` with the message the CLI prints, a file system or
-//! LMDB failure `OSError`. The messages are the reader's own, which name the path and the fix.
+//! LMDB failure `OSError`. In an object store, a missing bucket is `FileNotFoundError`, refused
+//! credentials `PermissionError`, an endpoint that does not answer `ConnectionError`, any other
+//! failed request `OSError`. The messages are the reader's own, which name the path and the fix.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use imgpack_reader::Error;
-use pyo3::exceptions::{PyFileNotFoundError, PyIndexError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyConnectionError, PyFileNotFoundError, PyIndexError, PyOSError, PyPermissionError, PyRuntimeError,
+    PyValueError,
+};
 use pyo3::prelude::*;
 
 pyo3::create_exception!(
@@ -31,12 +36,16 @@ pub fn to_py(err: Error) -> PyErr {
             PyFileNotFoundError::new_err((ENOENT, message, path.display().to_string()))
         }
         // As Python's own `open` says it: `[Errno 2] No such file or directory: 'PATH'`.
-        Error::NotADataset { path, .. } if !path.exists() => {
+        Error::NotADataset { path, .. } if !path.exists() && !is_store_path(path) => {
             PyFileNotFoundError::new_err((ENOENT, "No such file or directory", path.display().to_string()))
         }
         Error::Io { .. } | Error::Lmdb { .. } => PyOSError::new_err(message),
         Error::OutOfRange { .. } => PyIndexError::new_err(message),
         Error::Checksum { .. } => ChecksumError::new_err(message),
+        Error::NoSuchBucket { .. } => PyFileNotFoundError::new_err(message),
+        Error::StoreDenied { .. } => PyPermissionError::new_err(message),
+        Error::StoreUnreachable { .. } => PyConnectionError::new_err(message),
+        Error::Store { .. } | Error::StoreUploadAborted { .. } => PyOSError::new_err(message),
         _ => PyValueError::new_err(message),
     }
 }
@@ -47,6 +56,11 @@ pub fn load_to_py(err: imgpack::load::LoadError) -> PyErr {
         imgpack::load::LoadError::Read(err) => to_py(err),
         other => PyValueError::new_err(other.to_string()),
     }
+}
+
+/// Whether `path` is an `s3://` location rather than a local path.
+fn is_store_path(path: &std::path::Path) -> bool {
+    path.to_str().is_some_and(imgpack_reader::store::is_store_url)
 }
 
 /// `errno` for "no such file or directory", which `FileNotFoundError` carries (Linux and macOS).

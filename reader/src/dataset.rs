@@ -14,6 +14,9 @@ pub enum Dataset {
     Lmdb(LmdbDataset),
     /// A directory of WebDataset tar shards.
     WebDataset(WebDataset),
+    /// WebDataset tar shards under an `s3://bucket/prefix/` (feature `s3`).
+    #[cfg(feature = "s3")]
+    Remote(crate::webdataset::RemoteWebDataset),
 }
 
 /// What kind of dataset, if any, is at a path, judged from the files present.
@@ -36,9 +39,31 @@ pub fn detect(path: &Path) -> Option<Kind> {
     }
 }
 
-/// Opens the dataset at `path`, detecting its format.
+/// Opens the dataset at `path`, detecting its format. With the `s3` feature, `path` may be an
+/// `s3://bucket/prefix/` holding a WebDataset, reached at the endpoint `AWS_ENDPOINT_URL_S3`
+/// or `AWS_ENDPOINT_URL` names (else AWS); [`crate::webdataset::RemoteWebDataset::open`] takes
+/// the endpoint as an argument.
 pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
     let path = path.as_ref();
+    #[cfg(feature = "s3")]
+    if let Some(url) = path.to_str().filter(|p| crate::store::is_store_url(p)) {
+        return crate::webdataset::RemoteWebDataset::open(url, None).map(Dataset::Remote);
+    }
+    open_local(path)
+}
+
+/// Opens the dataset at `path` as [`open`] does; an `s3://` one at `endpoint` when given
+/// (else the endpoint the environment names, as for [`open`]).
+#[cfg(feature = "s3")]
+pub fn open_with_endpoint(path: impl AsRef<Path>, endpoint: Option<&str>) -> Result<Dataset> {
+    let path = path.as_ref();
+    match path.to_str().filter(|p| crate::store::is_store_url(p)) {
+        Some(url) => crate::webdataset::RemoteWebDataset::open(url, endpoint).map(Dataset::Remote),
+        None => open_local(path),
+    }
+}
+
+fn open_local(path: &Path) -> Result<Dataset> {
     match detect(path) {
         Some(Kind::Lmdb) => LmdbDataset::open(path).map(Dataset::Lmdb),
         Some(Kind::WebDataset) => WebDataset::open(path).map(Dataset::WebDataset),
@@ -49,7 +74,10 @@ pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
 /// Why `path`, where [`detect`] finds no dataset, is none: it does not exist, it holds parts
 /// not merged yet, or something else. Every command that opens a dataset says it this one way.
 pub fn not_a_dataset(path: &Path) -> Error {
-    let reason = if crate::part::holds_parts(path) {
+    let store = path.to_str().is_some_and(|p| p.get(..5).is_some_and(|s| s.eq_ignore_ascii_case("s3://")));
+    let reason = if store {
+        "is an object-store location, and this build of imgpack-reader cannot read one: enable its `s3` feature"
+    } else if crate::part::holds_parts(path) {
         "holds parts of a dataset packed with `pack PLAN --part K/N` that are not merged yet; run `pack merge` on it when every part is done"
     } else if path.exists() {
         "neither data.mdb (LMDB) nor imgpack.json (WebDataset) inside; pass a directory written by `pack -o`"
@@ -67,6 +95,8 @@ impl Dataset {
         Ok(match self {
             Dataset::Lmdb(d) => Dataset::Lmdb(d.verify_checksums(on)?),
             Dataset::WebDataset(d) => Dataset::WebDataset(d.verify_checksums(on)?),
+            #[cfg(feature = "s3")]
+            Dataset::Remote(d) => Dataset::Remote(d.verify_checksums(on)?),
         })
     }
 
@@ -75,6 +105,8 @@ impl Dataset {
         match self {
             Dataset::Lmdb(d) => d.meta(),
             Dataset::WebDataset(d) => d.meta(),
+            #[cfg(feature = "s3")]
+            Dataset::Remote(d) => d.meta(),
         }
     }
 
@@ -83,6 +115,8 @@ impl Dataset {
         match self {
             Dataset::Lmdb(d) => d.path(),
             Dataset::WebDataset(d) => d.path(),
+            #[cfg(feature = "s3")]
+            Dataset::Remote(d) => d.path(),
         }
     }
 
@@ -102,11 +136,14 @@ impl Dataset {
     }
 
     /// Sample `index`. From a WebDataset its bytes point into the shard's memory map; from
-    /// LMDB they are copied out of the map (use [`LmdbDataset::snapshot`] to avoid that).
+    /// LMDB they are copied out of the map (use [`LmdbDataset::snapshot`] to avoid that); from
+    /// an object store they are one ranged GET.
     pub fn get(&self, index: u64) -> Result<Sample<'_>> {
         match self {
             Dataset::Lmdb(d) => d.get(index),
             Dataset::WebDataset(d) => d.get(index),
+            #[cfg(feature = "s3")]
+            Dataset::Remote(d) => d.get(index),
         }
     }
 
@@ -118,6 +155,9 @@ impl Dataset {
             #[allow(clippy::map_identity)]
             Dataset::Lmdb(d) => Ok(Box::new(d.iter()?.map(|sample| -> Result<Sample<'_>> { sample }))),
             Dataset::WebDataset(d) => Ok(Box::new(d.iter())),
+            #[cfg(feature = "s3")]
+            #[allow(clippy::map_identity)]
+            Dataset::Remote(d) => Ok(Box::new(d.iter().map(|sample| -> Result<Sample<'_>> { sample }))),
         }
     }
 
@@ -141,6 +181,9 @@ impl Dataset {
                 range.into_iter().try_for_each(|i| visit(&snapshot.get(i)?))
             }
             Dataset::WebDataset(d) => range.into_iter().try_for_each(|i| visit(&d.get(i)?)),
+            // One streamed GET per shard, not one request per sample.
+            #[cfg(feature = "s3")]
+            Dataset::Remote(d) => d.iter_range(range).try_for_each(|sample| visit(&sample?)),
         }
     }
 }

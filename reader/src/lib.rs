@@ -8,6 +8,11 @@
 //!
 //! It depends on no image codec, thread pool or CLI crate: a data loader can use it alone.
 //!
+//! With the `s3` feature, [`open`] also takes an `s3://bucket/prefix/` holding a WebDataset
+//! (`webdataset::RemoteWebDataset`: one ranged GET per sample, one streamed GET per shard when
+//! iterating), and `store` is the object-store client `pack` writes with too. The feature is
+//! off by default, so a reader of local files pulls in no HTTP client or async runtime.
+//!
 //! # Example
 //!
 //! ```
@@ -41,9 +46,13 @@ mod meta;
 pub mod part;
 mod sample;
 pub mod shared;
+#[cfg(feature = "s3")]
+pub mod store;
 mod unfinished;
 pub mod webdataset;
 
+#[cfg(feature = "s3")]
+pub use dataset::open_with_endpoint;
 pub use dataset::{detect, not_a_dataset, open, Dataset, Kind};
 pub use error::{Error, Result};
 pub use format::ImageFormat;

@@ -3,8 +3,8 @@
 //! [`crate::Sample`] borrows its bytes from the dataset handle (a WebDataset's shard maps, an
 //! LMDB snapshot), which is what Rust callers want and what a foreign caller cannot hold: a
 //! Python `memoryview` outlives any Rust borrow. A [`SharedSample`] points into the same memory
-//! maps — still no copy — and keeps what makes them valid alive itself: the dataset (its maps)
-//! and, for LMDB, the read transaction the values were found in, since LMDB promises a value's
+//! maps — still no copy — and keeps what makes them valid alive itself: the dataset (its maps),
+//! the bytes of a sample read from an object store, and, for LMDB, the read transaction the values were found in, since LMDB promises a value's
 //! bytes only while its transaction lives. Drop the sample, and the transaction ends; drop the
 //! last sample and the last [`Dataset`] handle, and the maps close.
 
@@ -38,6 +38,9 @@ struct Keep {
     /// An LMDB read transaction: the values found in it stay put while it lives. In a
     /// `Mutex` only to be `Sync` (heed's `RoTxn` is `Send`); it is never locked.
     _txn: Option<Mutex<RoTxn<'static, WithoutTls>>>,
+    /// A sample read from an object store owns its bytes (on the heap, which does not move
+    /// with the `Sample`): the pointers are into them.
+    _owned: Option<Sample<'static>>,
     _dataset: Arc<Dataset>,
 }
 
@@ -123,15 +126,31 @@ impl Dataset {
         match &**self {
             Dataset::Lmdb(lmdb) => {
                 let txn = lmdb.static_txn()?;
-                let placeholder = Arc::new(Keep { _txn: None, _dataset: self.clone() });
+                let placeholder = Arc::new(Keep { _txn: None, _owned: None, _dataset: self.clone() });
                 let mut shared = SharedSample::new(&lmdb.get_in(&txn, index)?, placeholder);
                 // Moving the transaction moves its handle, not the map the values lie in.
-                shared._keep = Arc::new(Keep { _txn: Some(Mutex::new(txn)), _dataset: self.clone() });
+                shared._keep =
+                    Arc::new(Keep { _txn: Some(Mutex::new(txn)), _owned: None, _dataset: self.clone() });
                 Ok(shared)
             }
             Dataset::WebDataset(wds) => {
                 let sample = wds.get(index)?;
-                Ok(SharedSample::new(&sample, Arc::new(Keep { _txn: None, _dataset: self.clone() })))
+                Ok(SharedSample::new(
+                    &sample,
+                    Arc::new(Keep { _txn: None, _owned: None, _dataset: self.clone() }),
+                ))
+            }
+            #[cfg(feature = "s3")]
+            Dataset::Remote(remote) => {
+                let sample = remote.get(index)?;
+                let shared = SharedSample::new(
+                    &sample,
+                    Arc::new(Keep { _txn: None, _owned: None, _dataset: self.clone() }),
+                );
+                Ok(SharedSample {
+                    _keep: Arc::new(Keep { _txn: None, _owned: Some(sample), _dataset: self.clone() }),
+                    ..shared
+                })
             }
         }
     }

@@ -149,8 +149,12 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct InfoArgs {
-    /// The dataset directory (an LMDB or WebDataset output of pack).
+    /// The dataset directory (an LMDB or WebDataset output of pack), or the s3://BUCKET/PREFIX/
+    /// of a WebDataset in an object store (streamed: one GET per shard).
     pub path: PathBuf,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// How many of the largest and of the smallest classes to show [default: 5].
     #[arg(long, value_name = "N", default_value_t = 5)]
@@ -162,8 +166,12 @@ pub struct InfoArgs {
 
 #[derive(Debug, Args)]
 pub struct LsArgs {
-    /// The dataset directory (an LMDB or WebDataset output of pack).
+    /// The dataset directory (an LMDB or WebDataset output of pack), or the s3://BUCKET/PREFIX/
+    /// of a WebDataset in an object store.
     pub path: PathBuf,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// List at most N samples (from the first).
     #[arg(long, short = 'n', value_name = "N")]
@@ -171,6 +179,25 @@ pub struct LsArgs {
 
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// Where an `s3://` path is: the options of the commands that read one.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// The object store's endpoint for an s3:// path [default: $AWS_ENDPOINT_URL_S3, else
+    /// $AWS_ENDPOINT_URL, else AWS]; credentials come from the usual AWS settings, as for
+    /// `pack SRC -o s3://...` (see `pack --help`).
+    ///
+    /// Example: --endpoint http://127.0.0.1:8333
+    #[arg(long, value_name = "URL")]
+    pub endpoint: Option<String>,
+}
+
+impl StoreArgs {
+    /// The endpoint: the flag, else the AWS CLI's environment variables.
+    pub fn endpoint(&self) -> Option<String> {
+        crate::store::settings::endpoint(self.endpoint.as_deref(), |name| std::env::var(name).ok())
+    }
 }
 
 #[derive(Debug, Args)]

@@ -75,7 +75,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> u8 {
                 source = cause.source();
             }
             let code = match err {
-                crate::Error::Usage(_) => EXIT_USAGE,
+                crate::Error::Usage(_) | crate::Error::Reader(imgpack_reader::Error::BadLocation { .. }) => {
+                    EXIT_USAGE
+                }
                 crate::Error::Interrupted { .. } => EXIT_INTERRUPTED,
                 _ => EXIT_ERROR,
             };
@@ -181,9 +183,9 @@ fn unknown_command(word: &str) -> String {
     )
 }
 
-/// Object storage is, so far, only where `pack ... --to webdataset` writes (issue #17): a
-/// command asked to read a store location, or `pack plan` to write one, says so and how to get
-/// there, instead of "does not exist".
+/// Object storage is, so far, where `pack ... --to webdataset` writes and what `pack info` and
+/// `pack ls` read (issue #17): another command asked to read a store location, or `pack plan`
+/// to write one, says so and how to get there, instead of "does not exist".
 fn refuse_store_paths(command: &Command) -> crate::Result<()> {
     let paths: Vec<&std::path::Path> = match command {
         Command::Imagefolder(args) | Command::Convert(args) => vec![&args.source],
@@ -191,13 +193,12 @@ fn refuse_store_paths(command: &Command) -> crate::Result<()> {
         Command::Verify(args) => vec![&args.path],
         Command::Plan(args) => vec![&args.source, &args.out],
         Command::Merge(args) => vec![&args.path],
-        Command::Info(args) => vec![&args.path],
-        Command::Ls(args) => vec![&args.path],
+        Command::Info(_) | Command::Ls(_) => Vec::new(),
         Command::Completions(_) | Command::Man => Vec::new(),
     };
     match paths.iter().map(|p| p.to_string_lossy()).find(|p| crate::store::is_store_url(p)) {
         Some(url) => Err(crate::Error::Usage(format!(
-            "{url}: object storage works only as the -o of `pack SRC --to webdataset` so far; copy the prefix to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
+            "{url}: object storage works only as the -o of `pack SRC --to webdataset` and for `pack info` and `pack ls` so far; copy the prefix to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
         ))),
         None => Ok(()),
     }
@@ -321,7 +322,7 @@ fn bench_read(args: &args::BenchReadArgs) -> crate::Result<u8> {
 /// `pack info PATH`: what the dataset holds.
 fn info(args: &args::InfoArgs) -> crate::Result<u8> {
     let bar = progress_bar(args.output.quiet, COUNT_BAR);
-    let info = crate::inspect::info::info(&args.path, &bar)?;
+    let info = crate::inspect::info::info(&args.path, args.store.endpoint().as_deref(), &bar)?;
     let mut stdout = std::io::stdout().lock();
     if args.output.json {
         let json = serde_json::to_string(&info).expect("info serialises");
@@ -337,7 +338,7 @@ fn ls(args: &args::LsArgs) -> crate::Result<u8> {
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
     let json = args.output.json;
     let quiet = args.output.quiet;
-    crate::inspect::list::list(&args.path, args.limit, |entry| {
+    crate::inspect::list::list(&args.path, args.store.endpoint().as_deref(), args.limit, |entry| {
         let line =
             if json { serde_json::to_string(entry).expect("entry serialises") } else { entry.to_string() };
         if !quiet || json {

@@ -34,7 +34,8 @@ pub struct Info {
     /// The bytes of every stored field of every sample.
     pub sample_bytes: u64,
     /// The bytes of the dataset's files on disk, part directories of a merged WebDataset
-    /// included (for LMDB, `data.mdb` with its free pages).
+    /// included (for LMDB, `data.mdb` with its free pages); in an object store, of every object
+    /// under its prefix.
     pub bytes_on_disk: u64,
     /// WebDataset only: the shards.
     pub shards: Option<ShardStats>,
@@ -85,8 +86,8 @@ pub struct ShardStats {
 
 /// Reads what `pack info` reports about the dataset at `path`: the metadata, then every
 /// sample's label and field sizes (with `progress` over the samples).
-pub fn info(path: &Path, progress: &dyn Progress) -> crate::Result<Info> {
-    let dataset = super::open(path)?;
+pub fn info(path: &Path, endpoint: Option<&str>, progress: &dyn Progress) -> crate::Result<Info> {
+    let dataset = super::open(path, endpoint)?;
     let meta = dataset.meta().clone();
     let mut class_counts = vec![0u64; meta.classes.len()];
     let mut fields: BTreeMap<String, FieldStats> = BTreeMap::new();
@@ -131,7 +132,10 @@ pub fn info(path: &Path, progress: &dyn Progress) -> crate::Result<Info> {
         class_counts,
         fields,
         sample_bytes,
-        bytes_on_disk: dataset_bytes(path, &meta),
+        bytes_on_disk: match &dataset {
+            imgpack_reader::Dataset::Remote(remote) => remote.stored_bytes(),
+            _ => dataset_bytes(path, &meta),
+        },
         shards,
         mode: option("mode").and_then(|m| m.as_str()).unwrap_or("passthrough").to_string(),
         options: meta.options.clone(),
@@ -200,9 +204,10 @@ impl fmt::Display for Display<'_> {
         writeln!(f, "  samples    {} in {} classes", i.samples, i.classes.len())?;
         writeln!(
             f,
-            "  bytes      {} of samples, {} on disk",
+            "  bytes      {} of samples, {} {}",
             human_bytes(i.sample_bytes),
-            human_bytes(i.bytes_on_disk)
+            human_bytes(i.bytes_on_disk),
+            if crate::store::is_store_url(&i.path) { "stored" } else { "on disk" }
         )?;
         let fields: Vec<String> = i
             .fields

@@ -43,10 +43,11 @@ const CHUNK: u64 = 1024;
 /// limit), in order, until it returns [`ControlFlow::Break`].
 pub fn list(
     path: &Path,
+    endpoint: Option<&str>,
     limit: Option<u64>,
     mut visit: impl FnMut(&Entry) -> ControlFlow<()>,
 ) -> crate::Result<()> {
-    let dataset = super::open(path)?;
+    let dataset = super::open(path, endpoint)?;
     let classes = dataset.classes().to_vec();
     let end = limit.unwrap_or(u64::MAX).min(dataset.len());
     let mut stop = false;

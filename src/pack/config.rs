@@ -130,7 +130,7 @@ impl PackConfig {
         if !crate::store::is_store_url(&text) {
             return Ok(None);
         }
-        crate::store::StoreUrl::parse(&text).map(Some)
+        Ok(Some(crate::store::StoreUrl::parse(&text)?))
     }
 
     /// Parses a `--extensions` list: comma-separated, with or without dots, any case.

@@ -56,8 +56,8 @@ impl Upload {
         let part_bytes = part_size(max_bytes);
         let key = Key::from(store.url().key(name));
         let upload = store
-            .runtime
-            .block_on(store.client.put_multipart_opts(&key, PutMultipartOptions::default()))
+            .runtime()
+            .block_on(store.client().put_multipart_opts(&key, PutMultipartOptions::default()))
             .map_err(store.error(name, "start the upload"))?;
         let writer = WriteMultipart::new_with_chunk_size(upload, part_bytes);
         Ok(Upload { store, name: name.to_string(), part_bytes, writer: Some(writer), filling: 0, bytes: 0 })
@@ -71,12 +71,12 @@ impl Upload {
             if self.filling + take == self.part_bytes {
                 // This write completes a part and sends it: make room for it first.
                 self.store
-                    .runtime
+                    .runtime()
                     .block_on(writer.wait_for_capacity(IN_FLIGHT - 1))
                     .map_err(self.store.upload_error(&self.name, "upload"))?;
             }
             // Sending a full part spawns a task on the store's runtime.
-            let _entered = self.store.runtime.enter();
+            let _entered = self.store.runtime().enter();
             writer.write(&bytes[..take]);
             self.filling = (self.filling + take) % self.part_bytes;
             self.bytes += take as u64;
@@ -95,7 +95,7 @@ impl Upload {
     pub fn finish(mut self) -> Result<()> {
         let writer = self.writer.take().expect("finished once");
         self.store
-            .runtime
+            .runtime()
             .block_on(writer.finish())
             .map(drop)
             .map_err(self.store.upload_error(&self.name, "upload"))
@@ -108,8 +108,10 @@ impl Drop for Upload {
     fn drop(&mut self) {
         if let Some(writer) = self.writer.take() {
             // The timer is made inside the runtime: it needs the runtime's clock.
-            let _ =
-                self.store.runtime.block_on(async { tokio::time::timeout(ABORT_WAIT, writer.abort()).await });
+            let _ = self
+                .store
+                .runtime()
+                .block_on(async { tokio::time::timeout(ABORT_WAIT, writer.abort()).await });
         }
     }
 }

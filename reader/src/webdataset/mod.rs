@@ -35,6 +35,8 @@
 
 mod dali;
 mod index;
+#[cfg(feature = "s3")]
+mod remote;
 mod shard;
 mod tar;
 mod wids;
@@ -58,6 +60,8 @@ pub use dali::{
 pub use index::{
     IndexEntry, IndexHeader, INDEX_ENTRY_LEN, INDEX_HEADER_LEN, INDEX_MAGIC, INDEX_VERSION, SAMPLE_INDEX_FILE,
 };
+#[cfg(feature = "s3")]
+pub use remote::{RemoteSamples, RemoteWebDataset};
 pub use shard::{is_shard_name, shard_file_name};
 pub use tar::{member_len, parse_member, Member, BLOCK, END_OF_ARCHIVE, MAX_NAME};
 pub use wids::{WidsIndex, WidsShard, WIDS_INDEX_FILE};
@@ -115,39 +119,14 @@ impl WebDataset {
                 file.read_to_end(&mut raw).map_err(|source| Error::Io { path: meta_path.clone(), source })
             })
             .map_err(|e| missing(e, &format!("no {META_FILE}; a finished `pack --to webdataset` run writes it last, so the run did not finish or this is not its output")))?;
-        let meta: Meta =
-            serde_json::from_slice(&raw).map_err(|source| Error::BadMeta { path: meta_path, source })?;
-        if let Some(reason) = meta.unreadable(FORMAT_NAME) {
-            return Err(not_dataset(reason));
-        }
+        let meta = parse_meta(&path, &raw)?;
         let index = map(&path, &path.join(SAMPLE_INDEX_FILE)).map_err(|e| {
             missing(e, &format!("no {SAMPLE_INDEX_FILE}; copy the whole dataset directory, or re-run `pack`"))
         })?;
-        // Checked arithmetic: a `samples` near `u64::MAX` must not wrap to a length that fits.
-        let expected_len = (meta.samples.checked_mul(INDEX_ENTRY_LEN as u64))
-            .and_then(|n| n.checked_add(INDEX_HEADER_LEN as u64));
-        let header = IndexHeader::decode(&index);
-        if header.map(|h| h.samples) != Some(meta.samples) || Some(index.len() as u64) != expected_len {
-            return Err(not_dataset(format!(
-                "{SAMPLE_INDEX_FILE} ({} bytes, {}) does not match the {} samples of {META_FILE}: it was truncated, damaged or belongs to another run; re-run `pack`",
-                index.len(),
-                header.map_or("no valid header".into(), |h| format!("header for {} samples", h.samples)),
-                meta.samples
-            )));
-        }
-        if meta.checksum.is_some() && header.map(|h| h.meta_crc32) != Some(crate::checksum::crc32(&raw)) {
-            return Err(not_dataset(format!(
-                "{META_FILE} does not have the CRC-32 that {SAMPLE_INDEX_FILE} records: one of them is damaged; restore the dataset from a good copy or re-run `pack`"
-            )));
-        }
+        check_index(&path, &meta, &raw, &index)?;
         let mut shards = Vec::with_capacity(meta.shards.len());
         for shard in &meta.shards {
-            if !is_shard_name(&shard.name) {
-                return Err(not_dataset(format!(
-                    "{META_FILE} lists the shard {:?}, which is not a file name inside the dataset directory; it is damaged or was not written by `pack`, which only reads shards it lists by plain name",
-                    shard.name
-                )));
-            }
+            check_shard_name(&path, &shard.name)?;
             let mapped = map(&path, &path.join(&shard.name)).map_err(|e| {
                 let what = format!(
                     "shard {} listed in {META_FILE} is missing; copy the whole dataset directory, or re-run `pack`",
@@ -155,14 +134,7 @@ impl WebDataset {
                 );
                 missing(e, &what)
             })?;
-            if mapped.len() as u64 != shard.bytes {
-                return Err(not_dataset(format!(
-                    "shard {} is {} bytes, the metadata says {}; it was truncated or replaced",
-                    shard.name,
-                    mapped.len(),
-                    shard.bytes
-                )));
-            }
+            check_shard_len(&path, shard, mapped.len() as u64)?;
             shards.push(mapped);
         }
         Ok(WebDataset { path, meta, index, shards, verify: false })
@@ -208,20 +180,7 @@ impl WebDataset {
     /// Where sample `index` lives, as the index says: [`WebDataset::get`] checks it against the
     /// shard before trusting it.
     pub fn entry(&self, index: u64) -> Result<IndexEntry> {
-        let out_of_range =
-            || Error::OutOfRange { path: self.path.to_path_buf(), index, len: self.meta.samples };
-        if index >= self.meta.samples {
-            return Err(out_of_range());
-        }
-        // `open` checked that the index holds exactly `samples` entries, so this finds one; it is
-        // still looked up without indexing, so no arithmetic on `index` can panic.
-        let bytes = usize::try_from(index)
-            .ok()
-            .and_then(|i| i.checked_mul(INDEX_ENTRY_LEN)?.checked_add(INDEX_HEADER_LEN))
-            .and_then(|at| self.index.get(at..at.checked_add(INDEX_ENTRY_LEN)?))
-            .and_then(|bytes| <&[u8; INDEX_ENTRY_LEN]>::try_from(bytes).ok())
-            .ok_or_else(out_of_range)?;
-        Ok(IndexEntry::decode(bytes))
+        index_entry(&self.path, &self.index, self.meta.samples, index)
     }
 
     /// Sample `index`; its fields point into the shard's memory map (no copy).
@@ -263,31 +222,7 @@ impl WebDataset {
                 });
             }
         }
-        let mut fields = Vec::with_capacity(3);
-        let mut pos = 0;
-        while pos < buf.len() {
-            let member = parse_member(buf, pos).map_err(&damaged)?;
-            let (member_key, ext) = split_field_name(member.name)
-                .filter(|(_, ext)| is_valid_extension(ext))
-                .ok_or_else(|| damaged(format!("member {:?} is not {{key}}.{{ext}}", member.name)))?;
-            if member_key != key {
-                return Err(damaged(format!(
-                    "index points at member {:?}, which is not this sample's",
-                    member.name
-                )));
-            }
-            if fields.last().is_some_and(|last: &Field<'_>| last.ext.as_str() >= ext) {
-                return Err(damaged(format!(
-                    "member {:?} repeats a field or is out of order; a sample's fields are unique and sorted by extension",
-                    member.name
-                )));
-            }
-            fields.push(Field { ext: ext.to_string(), data: Cow::Borrowed(member.data) });
-            pos = member.next;
-        }
-        if fields.is_empty() {
-            return Err(damaged("no member stored for this key".into()));
-        }
+        let fields = sample_fields(buf, &key).map_err(damaged)?;
         Ok(Sample { index, key, fields, dataset: self.path.clone() })
     }
 
@@ -295,6 +230,116 @@ impl WebDataset {
     pub fn iter(&self) -> impl Iterator<Item = Result<Sample<'_>>> + '_ {
         (0..self.len()).map(move |i| self.get(i))
     }
+}
+
+/// Entry `index` of `imgpack.index` (bytes `index_bytes`, checked to hold `samples` entries)
+/// of the dataset at `path`.
+pub(crate) fn index_entry(path: &Path, index_bytes: &[u8], samples: u64, index: u64) -> Result<IndexEntry> {
+    let out_of_range = || Error::OutOfRange { path: path.to_path_buf(), index, len: samples };
+    if index >= samples {
+        return Err(out_of_range());
+    }
+    // `open` checked that the index holds exactly `samples` entries, so this finds one; it is
+    // still looked up without indexing, so no arithmetic on `index` can panic.
+    let bytes = usize::try_from(index)
+        .ok()
+        .and_then(|i| i.checked_mul(INDEX_ENTRY_LEN)?.checked_add(INDEX_HEADER_LEN))
+        .and_then(|at| index_bytes.get(at..at.checked_add(INDEX_ENTRY_LEN)?))
+        .and_then(|bytes| <&[u8; INDEX_ENTRY_LEN]>::try_from(bytes).ok())
+        .ok_or_else(out_of_range)?;
+    Ok(IndexEntry::decode(bytes))
+}
+
+/// Parses the metadata `raw` of the dataset at `path` and checks that this reader can read it.
+pub(crate) fn parse_meta(path: &Path, raw: &[u8]) -> Result<Meta> {
+    let meta: Meta = serde_json::from_slice(raw)
+        .map_err(|source| Error::BadMeta { path: path.join(META_FILE), source })?;
+    if let Some(reason) = meta.unreadable(FORMAT_NAME) {
+        return Err(Error::NotADataset { path: path.to_path_buf(), reason });
+    }
+    Ok(meta)
+}
+
+/// Checks `index`, the bytes of `imgpack.index`, against `meta` and its bytes `raw_meta`: one
+/// entry per sample (its sample count sizes nothing until the length agrees with it) and, in
+/// a version-2 dataset, the CRC of the metadata.
+pub(crate) fn check_index(path: &Path, meta: &Meta, raw_meta: &[u8], index: &[u8]) -> Result<()> {
+    let not_dataset = |reason: String| Error::NotADataset { path: path.to_path_buf(), reason };
+    // Checked arithmetic: a `samples` near `u64::MAX` must not wrap to a length that fits.
+    let expected_len = (meta.samples.checked_mul(INDEX_ENTRY_LEN as u64))
+        .and_then(|n| n.checked_add(INDEX_HEADER_LEN as u64));
+    let header = IndexHeader::decode(index);
+    if header.map(|h| h.samples) != Some(meta.samples) || Some(index.len() as u64) != expected_len {
+        return Err(not_dataset(format!(
+            "{SAMPLE_INDEX_FILE} ({} bytes, {}) does not match the {} samples of {META_FILE}: it was truncated, damaged or belongs to another run; re-run `pack`",
+            index.len(),
+            header.map_or("no valid header".into(), |h| format!("header for {} samples", h.samples)),
+            meta.samples
+        )));
+    }
+    if meta.checksum.is_some() && header.map(|h| h.meta_crc32) != Some(crate::checksum::crc32(raw_meta)) {
+        return Err(not_dataset(format!(
+            "{META_FILE} does not have the CRC-32 that {SAMPLE_INDEX_FILE} records: one of them is damaged; restore the dataset from a good copy or re-run `pack`"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a shard name from the metadata that is not a plain name inside the dataset.
+pub(crate) fn check_shard_name(path: &Path, name: &str) -> Result<()> {
+    if is_shard_name(name) {
+        return Ok(());
+    }
+    Err(Error::NotADataset {
+        path: path.to_path_buf(),
+        reason: format!(
+            "{META_FILE} lists the shard {name:?}, which is not a file name inside the dataset directory; it is damaged or was not written by `pack`, which only reads shards it lists by plain name"
+        ),
+    })
+}
+
+/// Refuses a shard whose length is not the one the metadata records.
+pub(crate) fn check_shard_len(path: &Path, shard: &crate::ShardInfo, len: u64) -> Result<()> {
+    if len == shard.bytes {
+        return Ok(());
+    }
+    Err(Error::NotADataset {
+        path: path.to_path_buf(),
+        reason: format!(
+            "shard {} is {len} bytes, the metadata says {}; it was truncated or replaced",
+            shard.name, shard.bytes
+        ),
+    })
+}
+
+/// The fields of the sample keyed `key` whose members fill `buf` exactly: every member must
+/// parse ([`parse_member`]), be named `{key}.{ext}` with this key and a valid extension, in
+/// strictly increasing extension order, and there must be at least one. The error says what is
+/// wrong, for [`Error::BadSample`].
+pub(crate) fn sample_fields<'b>(buf: &'b [u8], key: &str) -> std::result::Result<Vec<Field<'b>>, String> {
+    let mut fields = Vec::with_capacity(3);
+    let mut pos = 0;
+    while pos < buf.len() {
+        let member = parse_member(buf, pos)?;
+        let (member_key, ext) = split_field_name(member.name)
+            .filter(|(_, ext)| is_valid_extension(ext))
+            .ok_or_else(|| format!("member {:?} is not {{key}}.{{ext}}", member.name))?;
+        if member_key != key {
+            return Err(format!("index points at member {:?}, which is not this sample's", member.name));
+        }
+        if fields.last().is_some_and(|last: &Field<'_>| last.ext.as_str() >= ext) {
+            return Err(format!(
+                "member {:?} repeats a field or is out of order; a sample's fields are unique and sorted by extension",
+                member.name
+            ));
+        }
+        fields.push(Field { ext: ext.to_string(), data: Cow::Borrowed(member.data) });
+        pos = member.next;
+    }
+    if fields.is_empty() {
+        return Err("no member stored for this key".into());
+    }
+    Ok(fields)
 }
 
 /// Opens `file` (inside the dataset at `dataset`) for reading, if it is a regular file.

@@ -17,7 +17,7 @@ use crate::Error;
 
 /// The kinds of permanent store failure, each with its own fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Problem {
+pub enum Problem {
     /// The bucket does not exist.
     NoSuchBucket,
     /// The multipart upload being written is gone: aborted by someone else, or its bucket
@@ -43,7 +43,7 @@ const DENIED: [&str; 7] = [
 ];
 
 /// Classifies a failed request from its error chain.
-pub(crate) fn classify(error: &object_store::Error) -> Problem {
+pub fn classify(error: &object_store::Error) -> Problem {
     let mut current: Option<&(dyn StdError + 'static)> = Some(error);
     while let Some(e) = current {
         if let Some(http) = e.downcast_ref::<HttpError>() {
@@ -61,7 +61,7 @@ pub(crate) fn classify(error: &object_store::Error) -> Problem {
 }
 
 /// Classifies by the S3 error code in `text` (an error chain's messages), or by its HTTP status.
-pub(crate) fn classify_text(text: &str, denied_variant: bool) -> Problem {
+pub fn classify_text(text: &str, denied_variant: bool) -> Problem {
     let code =
         text.split_once("<Code>").and_then(|(_, rest)| rest.split_once("</Code>")).map(|(code, _)| code);
     match code {
@@ -96,7 +96,7 @@ fn innermost(error: &(dyn StdError + 'static)) -> String {
 }
 
 /// The typed error for a failed `operation` on object `name` of `url` at `endpoint`.
-pub(crate) fn to_error(
+pub fn to_error(
     error: &object_store::Error,
     url: &StoreUrl,
     name: &str,
@@ -108,10 +108,8 @@ pub(crate) fn to_error(
     match classify(error) {
         Problem::NoSuchBucket => Error::NoSuchBucket { url: object, bucket, endpoint },
         Problem::UploadGone => Error::StoreUploadAborted { url: object, endpoint },
-        Problem::Denied(code) => Error::StoreDenied { url: object, bucket, key, endpoint, code },
-        Problem::Unreachable(reason) => {
-            Error::StoreUnreachable { url: object, bucket, key, endpoint, reason }
-        }
+        Problem::Denied(code) => Error::StoreDenied { bucket, key, endpoint, operation, code },
+        Problem::Unreachable(reason) => Error::StoreUnreachable { bucket, key, endpoint, reason },
         Problem::Other => {
             let mut reason = chain_text(error);
             if reason.len() > 600 {

@@ -31,14 +31,14 @@ pub const S3_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_S3";
 /// of 10 tries can be spent in a few seconds of jittered backoff — less than a store takes to
 /// restart (the interop tests kill and restart one mid-upload) — so the time is the bound here,
 /// not the count.
-pub(crate) fn work_retries() -> RetryConfig {
+pub fn work_retries() -> RetryConfig {
     RetryConfig { max_retries: 100, retry_timeout: Duration::from_secs(180), ..RetryConfig::default() }
 }
 
 /// Retries for the first request of a run, which checks bucket, credentials and endpoint: a
 /// store that is not there at the start is a setting to fix, not a hiccup to wait out for
 /// minutes, so it is retried briefly.
-pub(crate) fn check_retries() -> RetryConfig {
+pub fn check_retries() -> RetryConfig {
     RetryConfig {
         backoff: BackoffConfig {
             init_backoff: Duration::from_millis(100),
@@ -58,7 +58,7 @@ pub fn endpoint(flag: Option<&str>, env: impl Fn(&str) -> Option<String>) -> Opt
 }
 
 /// How an endpoint is named in messages.
-pub(crate) fn endpoint_name(endpoint: Option<&str>) -> String {
+pub fn endpoint_name(endpoint: Option<&str>) -> String {
     endpoint.map_or_else(
         || "AWS S3 (no --endpoint, AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL set)".to_string(),
         str::to_string,
@@ -66,13 +66,15 @@ pub(crate) fn endpoint_name(endpoint: Option<&str>) -> String {
 }
 
 /// A client for `url`'s bucket at `endpoint`, retrying as `retry` says.
-pub(crate) fn client(url: &StoreUrl, endpoint: Option<&str>, retry: RetryConfig) -> Result<AmazonS3> {
+pub fn client(url: &StoreUrl, endpoint: Option<&str>, retry: RetryConfig) -> Result<AmazonS3> {
     let mut builder = AmazonS3Builder::from_env().with_bucket_name(&url.bucket).with_retry(retry);
     if let Some(endpoint) = endpoint {
         if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-            return Err(Error::Usage(format!(
-                "--endpoint {endpoint}: write the endpoint as a URL, e.g. http://127.0.0.1:8333 or https://s3.example.com"
-            )));
+            return Err(Error::BadLocation {
+                location: format!("--endpoint {endpoint}"),
+                reason: "write the endpoint as a URL, e.g. http://127.0.0.1:8333 or https://s3.example.com"
+                    .into(),
+            });
         }
         // Both keys: `object_store` prefers an `AWS_ENDPOINT_URL_S3` from the environment over
         // the plain endpoint, which would otherwise override --endpoint silently.
@@ -81,10 +83,11 @@ pub(crate) fn client(url: &StoreUrl, endpoint: Option<&str>, retry: RetryConfig)
             builder = builder.with_allow_http(true);
         }
     }
-    builder.build().map_err(|e| {
-        Error::Usage(format!(
-            "{url}: cannot set up the store client: {e}; check --endpoint, AWS_ENDPOINT_URL and the AWS_* variables"
-        ))
+    builder.build().map_err(|e| Error::BadLocation {
+        location: url.to_string(),
+        reason: format!(
+            "cannot set up the store client: {e}; check --endpoint, AWS_ENDPOINT_URL and the AWS_* variables"
+        ),
     })
 }
 

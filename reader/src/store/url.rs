@@ -31,7 +31,7 @@ impl StoreUrl {
     /// Parses `s3://bucket/prefix/`, refusing what S3 would refuse or read differently: an
     /// invalid bucket name, and empty, `.` or `..` segments in the prefix.
     pub fn parse(text: &str) -> Result<StoreUrl> {
-        let bad = |why: String| Error::Usage(format!("{text}: {why}"));
+        let bad = |reason: String| Error::BadLocation { location: text.to_string(), reason };
         if !is_store_url(text) {
             return Err(bad(format!("not a store location; write it as {SCHEME}BUCKET/PREFIX/")));
         }

@@ -1,0 +1,131 @@
+"""Reading a WebDataset where it lives: `pack info` and `pack ls` on `s3://bucket/prefix/`
+against a real S3 server (SeaweedFS, the `s3_server` fixture on 127.0.0.1) report what they
+report for the same dataset on disk; a prefix that is not a complete dataset is refused naming
+what is missing; and each store failure has its own message.
+
+Run: PACK=$PWD/target/debug/pack ~/.cache/imgpack-venv/bin/python -m pytest tests/interop/test_s3_read.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from interop_util import IMAGEFOLDER
+from s3_server import closed_port
+from test_s3 import objects, run
+
+OPTIONS = ["--shard-samples", "7", "--shuffle", "--seed", "11"]
+
+
+@pytest.fixture
+def stored(pack_bin, s3_server, bucket, tmp_path) -> tuple[Path, str]:
+    """testdata packed twice with the same options: to a directory and to the store."""
+    local = tmp_path / "local"
+    assert run(pack_bin, s3_server.env(), IMAGEFOLDER, "--to", "webdataset", "-o", local, *OPTIONS, "-q").returncode == 0
+    url = f"s3://{bucket}/data/train/"
+    proc = run(pack_bin, s3_server.env(), IMAGEFOLDER, "--to", "webdataset", "-o", url, *OPTIONS, "-q")
+    assert proc.returncode == 0, proc.stderr
+    return local, url
+
+
+def info_json(pack_bin, env, path) -> dict:
+    proc = run(pack_bin, env, "info", path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_info_of_a_stored_dataset_is_the_local_ones(pack_bin, s3_server, bucket, stored):
+    local, url = stored
+    env = s3_server.env()
+    here, there = info_json(pack_bin, env, local), info_json(pack_bin, env, url)
+    assert there["path"] == url
+    # What is stored is every object under the prefix.
+    assert there["bytes_on_disk"] == sum(len(b) for b in objects(s3_server.client(), bucket, "data/train/").values())
+    for record in (here, there):
+        del record["path"], record["bytes_on_disk"]
+    assert there == here
+    assert there["samples"] > 0 and sum(there["class_counts"]) == there["samples"]
+    # The human-readable form names the prefix.
+    text = run(pack_bin, env, "info", url)
+    assert text.returncode == 0 and url in text.stdout and " stored" in text.stdout, text.stderr
+
+
+def test_ls_of_a_stored_dataset_is_the_local_ones(pack_bin, s3_server, stored):
+    local, url = stored
+    env = s3_server.env()
+    here, there = run(pack_bin, env, "ls", local, "--json"), run(pack_bin, env, "ls", url, "--json")
+    assert there.returncode == 0, there.stderr
+    assert there.stdout == here.stdout
+    lines = there.stdout.splitlines()
+    assert len(lines) == info_json(pack_bin, env, local)["samples"]
+    assert [json.loads(line)["index"] for line in lines] == list(range(len(lines)))
+    # A limit stops early; the plain form lists the same samples.
+    first = run(pack_bin, env, "ls", url, "-n", "3")
+    assert first.returncode == 0 and first.stdout == run(pack_bin, env, "ls", local, "-n", "3").stdout
+    assert len(first.stdout.splitlines()) == 3
+
+
+def test_the_endpoint_flag_wins_over_the_environment(pack_bin, s3_server, stored):
+    _, url = stored
+    dead = f"http://127.0.0.1:{closed_port()}"
+    env = s3_server.env(AWS_ENDPOINT_URL=dead)
+    started = time.monotonic()
+    proc = run(pack_bin, env, "ls", url, "-n", "1")
+    assert proc.returncode == 1
+    assert f"cannot connect to the store at {dead}" in proc.stderr, proc.stderr
+    assert "--endpoint or AWS_ENDPOINT_URL" in proc.stderr
+    assert time.monotonic() - started < 30, "an unreachable endpoint took too long to report"
+    proc = run(pack_bin, env, "ls", url, "-n", "1", "--endpoint", s3_server.endpoint)
+    assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 1, proc.stderr
+
+
+def test_a_prefix_that_is_not_a_complete_dataset_is_refused_naming_what_is_missing(pack_bin, s3_server, bucket, stored):
+    _, url = stored
+    env, client = s3_server.env(), s3_server.client()
+    names = objects(client, bucket, "data/train/")
+    shards = sorted(n for n in names if n.endswith(".tar"))
+
+    def refused(path: str) -> str:
+        proc = run(pack_bin, env, "info", path)
+        assert proc.returncode == 1, proc.stdout
+        assert f"{path}: not a complete imgpack dataset" in proc.stderr, proc.stderr
+        return proc.stderr
+
+    # Nothing there at all.
+    assert "nothing is stored under this prefix" in refused(f"s3://{bucket}/nowhere/")
+    # A shard shorter than the metadata says (replaced by someone).
+    client.put_object(Bucket=bucket, Key=f"data/train/{shards[1]}", Body=names[shards[1]][:-512])
+    err = refused(url)
+    assert f"shard {shards[1]} is {len(names[shards[1]]) - 512} bytes, the metadata says {len(names[shards[1]])}" in err
+    # A shard gone.
+    client.delete_object(Bucket=bucket, Key=f"data/train/{shards[1]}")
+    assert f"shard {shards[1]} listed in imgpack.json is missing" in refused(url)
+    # No imgpack.json: what an unfinished (or killed) run leaves.
+    client.delete_object(Bucket=bucket, Key="data/train/imgpack.json")
+    err = refused(url)
+    assert "no imgpack.json" in err and "did not finish" in err, err
+
+
+def test_read_failures_each_have_their_own_message(pack_bin, s3_server, bucket, stored):
+    _, url = stored
+    missing = run(pack_bin, s3_server.env(), "info", "s3://no-such-bucket-read/x/")
+    assert missing.returncode == 1
+    assert 'there is no bucket "no-such-bucket-read"' in missing.stderr, missing.stderr
+    denied = run(pack_bin, s3_server.env(AWS_SECRET_ACCESS_KEY="wrong-secret"), "ls", url)
+    assert denied.returncode == 1
+    assert "denied access" in denied.stderr and "SignatureDoesNotMatch" in denied.stderr, denied.stderr
+    assert "may list in that bucket" in denied.stderr
+    bad = run(pack_bin, s3_server.env(), "info", "s3://Bad_Bucket/x/")
+    assert bad.returncode == 2 and "lower-case" in bad.stderr, bad.stderr
+
+
+def test_commands_that_cannot_read_a_store_yet_say_so(pack_bin, s3_server, stored):
+    _, url = stored
+    for args in (["verify", url], [url, "--to", "lmdb", "-o", "out.lmdb"]):
+        proc = run(pack_bin, s3_server.env(), *args)
+        assert proc.returncode == 2, proc.stderr
+        assert "copy the prefix to a local directory first" in proc.stderr and "aws s3 sync" in proc.stderr
