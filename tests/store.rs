@@ -1,4 +1,4 @@
-//! `-o s3://...` and `pack info`/`ls s3://...` as far as they go without a server: what is
+//! `-o s3://...` and `pack info`/`ls`/`verify s3://...` as far as they go without a server: what is
 //! refused before any request (exit 2, saying what to do instead), and an endpoint nobody
 //! answers at (exit 1, its own message, quickly). The round trips against a real S3 server are in tests/interop/test_s3.py.
 
@@ -91,10 +91,10 @@ fn an_endpoint_nobody_answers_at_fails_at_once_naming_it_and_the_bucket() {
 }
 
 #[test]
-fn info_and_ls_read_a_store_and_name_an_endpoint_nobody_answers_at() {
+fn info_ls_and_verify_read_a_store_and_name_an_endpoint_nobody_answers_at() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let endpoint = format!("http://127.0.0.1:{port}");
-    for command in ["info", "ls"] {
+    for command in ["info", "ls", "verify"] {
         let mut cmd = pack_to_store(&[&command, &"s3://my-bucket/shards/", &"--endpoint", &endpoint]);
         let stderr = stderr_of(&mut cmd, 1);
         assert!(
@@ -111,13 +111,7 @@ fn info_and_ls_read_a_store_and_name_an_endpoint_nobody_answers_at() {
 #[test]
 fn commands_that_would_read_a_store_say_it_is_not_supported_yet() {
     let url = "s3://my-bucket/shards/";
-    for args in [
-        vec!["verify", url],
-        vec!["merge", url],
-        vec!["bench-read", url],
-        vec!["plan", url, "-o", "x.plan"],
-        vec![url, "--to", "lmdb", "-o", "x.lmdb"],
-    ] {
+    for args in [vec!["merge", url], vec!["bench-read", url], vec!["plan", url, "-o", "x.plan"]] {
         let mut cmd = pack_to_store(&[]);
         cmd.args(&args).arg("-q");
         let stderr = stderr_of(&mut cmd, 2);
@@ -127,4 +121,13 @@ fn commands_that_would_read_a_store_say_it_is_not_supported_yet() {
         );
         assert!(stderr.contains(&format!("aws s3 sync {url} DIR")), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn an_imagefolder_tree_in_a_store_is_refused_saying_how_to_read_it() {
+    let url = "s3://my-bucket/train/";
+    let mut cmd = pack_to_store(&[&"imagefolder", &url, &"--to", &"lmdb", &"-o", &"x.lmdb", &"-q"]);
+    let stderr = stderr_of(&mut cmd, 2);
+    assert!(stderr.contains("ImageFolder tree from an object store is not supported yet"), "{stderr}");
+    assert!(stderr.contains(&format!("aws s3 sync {url} DIR")), "{stderr}");
 }

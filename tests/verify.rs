@@ -12,7 +12,8 @@ use imgpack_reader::webdataset::{WebDataset, BLOCK};
 
 use crate::util::{pack, Fixture};
 
-const OPTIONS: VerifyOptions = VerifyOptions { decode: false, threads: NonZeroUsize::new(2).unwrap() };
+const OPTIONS: VerifyOptions =
+    VerifyOptions { decode: false, threads: NonZeroUsize::new(2).unwrap(), endpoint: None };
 
 /// A small deterministic generator, so a failure names a flip that can be replayed.
 struct Rng(u64);
@@ -98,8 +99,12 @@ fn intact_outputs_verify_clean_in_every_mode() {
             stdout.contains("31 samples of 31 checked") && stdout.contains("ok: no problem found"),
             "{name}: {stdout}"
         );
-        let verified =
-            verify(&out, &VerifyOptions { decode: true, threads: NonZeroUsize::MIN }, &Silent).unwrap();
+        let verified = verify(
+            &out,
+            &VerifyOptions { decode: true, threads: NonZeroUsize::MIN, endpoint: None },
+            &Silent,
+        )
+        .unwrap();
         assert!(verified.is_ok() && verified.checked == 31, "{name}: {:?}", verified.problems);
     }
 }

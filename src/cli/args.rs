@@ -20,7 +20,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// option. `pack info OUT` says what a dataset holds, `pack ls OUT` lists its samples. `pack
 /// bench-read PATH...` measures random reads of trees and packed datasets on this machine's
 /// storage. `pack verify OUT` checks a packed dataset end to end. `-o s3://BUCKET/PREFIX/`
-/// (with --to webdataset) streams the shards into an object store (see --endpoint). On a cluster: `pack plan SRC -o PLAN` once, `pack
+/// (with --to webdataset) streams the shards into an object store (see --endpoint), and such a
+/// prefix can be converted (`pack s3://... --to ...`), verified, inspected and listed where it
+/// is. On a cluster: `pack plan SRC -o PLAN` once, `pack
 /// PLAN --part K/N ... -o OUT` on each machine, then `pack merge OUT`.
 ///
 /// Exit codes: 0 everything packed; 1 error, nothing published; 2 bad usage;
@@ -309,8 +311,13 @@ impl ListingArgs {
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// The dataset directory (an LMDB or WebDataset output of pack).
+    /// The dataset directory (an LMDB or WebDataset output of pack), or the s3://BUCKET/PREFIX/
+    /// of a WebDataset in an object store (each shard is downloaded to $TMPDIR to be checked,
+    /// one per thread at a time).
     pub path: PathBuf,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// Decode every image too (slower; catches images damaged before they were packed).
     #[arg(long)]
@@ -327,7 +334,11 @@ pub struct VerifyArgs {
 impl VerifyArgs {
     /// The library options.
     pub fn to_options(&self) -> crate::Result<crate::verify::VerifyOptions> {
-        Ok(crate::verify::VerifyOptions { decode: self.decode, threads: threads(self.threads)? })
+        Ok(crate::verify::VerifyOptions {
+            decode: self.decode,
+            threads: threads(self.threads)?,
+            endpoint: self.store.endpoint(),
+        })
     }
 }
 
@@ -477,7 +488,8 @@ pub enum OnErrorArg {
 #[derive(Debug, Args)]
 pub struct PackArgs {
     /// The source: an ImageFolder root (the directory that holds one folder per class), or a
-    /// dataset written by pack.
+    /// dataset written by pack (a directory, or the s3://BUCKET/PREFIX/ of a WebDataset in an
+    /// object store, at --endpoint).
     #[arg(value_name = "SRC")]
     pub source: PathBuf,
 
@@ -496,8 +508,8 @@ pub struct PackArgs {
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub out: PathBuf,
 
-    /// The object store's endpoint for an s3:// output [default: $AWS_ENDPOINT_URL_S3, else
-    /// $AWS_ENDPOINT_URL, else AWS].
+    /// The object store's endpoint for an s3:// source or output [default:
+    /// $AWS_ENDPOINT_URL_S3, else $AWS_ENDPOINT_URL, else AWS].
     ///
     /// For S3-compatible stores (MinIO, Ceph, SeaweedFS, R2). An http:// endpoint is used as
     /// is, without TLS. Credentials and region come from the usual AWS settings

@@ -183,22 +183,23 @@ fn unknown_command(word: &str) -> String {
     )
 }
 
-/// Object storage is, so far, where `pack ... --to webdataset` writes and what `pack info` and
-/// `pack ls` read (issue #17): another command asked to read a store location, or `pack plan`
+/// Object storage is, so far, where `pack ... --to webdataset` writes and what `pack verify`,
+/// `info` and `ls` read (issue #17): another command asked to read a store location, or `pack plan`
 /// to write one, says so and how to get there, instead of "does not exist".
 fn refuse_store_paths(command: &Command) -> crate::Result<()> {
     let paths: Vec<&std::path::Path> = match command {
-        Command::Imagefolder(args) | Command::Convert(args) => vec![&args.source],
+        // `pack s3://... --to ...` converts a stored WebDataset; `pack imagefolder s3://...` is
+        // refused by the pack configuration, which says so.
+        Command::Imagefolder(_) | Command::Convert(_) => Vec::new(),
         Command::BenchRead(args) => args.paths.iter().map(|p| p.as_path()).collect(),
-        Command::Verify(args) => vec![&args.path],
         Command::Plan(args) => vec![&args.source, &args.out],
         Command::Merge(args) => vec![&args.path],
-        Command::Info(_) | Command::Ls(_) => Vec::new(),
+        Command::Verify(_) | Command::Info(_) | Command::Ls(_) => Vec::new(),
         Command::Completions(_) | Command::Man => Vec::new(),
     };
     match paths.iter().map(|p| p.to_string_lossy()).find(|p| crate::store::is_store_url(p)) {
         Some(url) => Err(crate::Error::Usage(format!(
-            "{url}: object storage works only as the -o of `pack SRC --to webdataset` and for `pack info` and `pack ls` so far; copy the prefix to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
+            "{url}: object storage works only as the -o of `pack SRC --to webdataset` and for `pack verify`, `info` and `ls` so far; copy the prefix to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
         ))),
         None => Ok(()),
     }

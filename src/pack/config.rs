@@ -97,7 +97,7 @@ pub struct PackConfig {
     pub transcoder: Transcoder,
     /// Pack only this part of a plan ([`crate::cluster::part`]) into `output/part-KKKK-of-NNNN`.
     pub part: Option<crate::cluster::split::Part>,
-    /// The object store endpoint for an `s3://` output (`--endpoint`, else `AWS_ENDPOINT_URL_S3`
+    /// The object store endpoint for an `s3://` source or output (`--endpoint`, else `AWS_ENDPOINT_URL_S3`
     /// or `AWS_ENDPOINT_URL`; none: AWS itself). See [`crate::store::settings`].
     pub endpoint: Option<String>,
 }
@@ -122,6 +122,16 @@ impl PackConfig {
             part: None,
             endpoint: None,
         }
+    }
+
+    /// The store location of an `s3://` source (a WebDataset `pack` stored there), or `None`
+    /// for a local one.
+    pub fn store_source(&self) -> Result<Option<crate::store::StoreUrl>> {
+        let text = self.source.to_string_lossy();
+        if !crate::store::is_store_url(&text) {
+            return Ok(None);
+        }
+        Ok(Some(crate::store::StoreUrl::parse(&text)?))
     }
 
     /// The store location of an `s3://` output, or `None` for a local one.
@@ -176,8 +186,28 @@ impl PackConfig {
                 "--to imagefolder writes the stored bytes back as files; drop --mode (it only applies to lmdb and webdataset)".into(),
             ));
         }
-        crate::source::imagefolder::check_root(&self.source)?;
+        let source_url = self.store_source()?;
+        match &source_url {
+            None => crate::source::imagefolder::check_root(&self.source)?,
+            Some(url) if self.source_kind == SourceKind::ImageFolder => {
+                return Err(Error::Usage(format!(
+                    "{url}: reading an ImageFolder tree from an object store is not supported yet; copy it to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
+                )));
+            }
+            Some(_) => {}
+        }
         if let Some(url) = self.store_output()? {
+            if let Some(source) = &source_url {
+                let inside = url.bucket == source.bucket
+                    && (source.prefix.is_empty()
+                        || url.prefix == source.prefix
+                        || url.prefix.starts_with(&format!("{}/", source.prefix)));
+                if inside {
+                    return Err(Error::Usage(format!(
+                        "-o {url} is inside the source {source}; write the output under another prefix"
+                    )));
+                }
+            }
             return self.check_store_output(&url);
         }
         let (src, out) = (self.source.canonicalize().ok(), absolute(&self.output));

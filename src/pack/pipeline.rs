@@ -106,8 +106,9 @@ pub fn pack(config: &PackConfig, bar: &dyn Progress) -> Result<Report> {
             reason: "holds parts packed with `--part K/N` that are not merged yet; run `pack merge` on it first, then convert the merged dataset".into(),
         });
     }
-    let (source, kind): (Box<dyn Source>, &str) = if detect && is_packed(&config.source) {
-        let packed = PackedDataset::open(&config.source)?;
+    let packed = is_packed(&config.source) || config.store_source()?.is_some();
+    let (source, kind): (Box<dyn Source>, &str) = if detect && packed {
+        let packed = PackedDataset::open(&config.source, config.endpoint.as_deref())?;
         if packed.holds_decoded_pixels() {
             // Found before starting, not as one skipped sample after another.
             let cannot = if config.format == OutputFormat::ImageFolder {

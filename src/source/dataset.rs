@@ -26,9 +26,10 @@ pub struct PackedDataset {
 }
 
 impl PackedDataset {
-    /// Opens the dataset at `path`.
-    pub fn open(path: &Path) -> Result<PackedDataset> {
-        let dataset = imgpack_reader::open(path)?;
+    /// Opens the dataset at `path`: a directory, or an `s3://` prefix at `endpoint` (every
+    /// sample then one ranged GET, many in flight from the pipeline's readers).
+    pub fn open(path: &Path, endpoint: Option<&str>) -> Result<PackedDataset> {
+        let dataset = imgpack_reader::open_with_endpoint(path, endpoint)?;
         let key_width = dataset.meta().key_width;
         Ok(PackedDataset {
             dataset: std::sync::RwLock::new(Some(dataset)),
@@ -156,7 +157,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let (out, tree) = packed(dir.path(), format.clone());
             assert!(is_packed(&out));
-            let source = PackedDataset::open(&out).unwrap();
+            let source = PackedDataset::open(&out, None).unwrap();
             let listing = source.list(&crate::progress::Silent).unwrap();
             assert_eq!(listing.classes, tree.classes, "{format:?}");
             // Packed samples keep the tree's order, paths and classes (skipped ones are gone).
@@ -192,7 +193,7 @@ mod tests {
             md5: false,
         };
         let (out, _) = packed(dir.path(), format);
-        let source = PackedDataset::open(&out).unwrap();
+        let source = PackedDataset::open(&out, None).unwrap();
         let listing = source.list(&crate::progress::Silent).unwrap();
         // Flip one byte in the middle of the first sample's image, in its shard.
         let shard = std::fs::read_dir(&out)

@@ -9,7 +9,9 @@
 //!
 //! Damage is reported, not raised: each problem names the sample (or file) and what is wrong,
 //! and the check goes on, so one run lists all of them. Only a path that holds no dataset at
-//! all is an error. Reading is the whole cost; shards are checked in parallel.
+//! all is an error. Reading is the whole cost; shards are checked in parallel. A WebDataset in
+//! an object store (`s3://bucket/prefix/`) is checked the same way, each shard downloaded to a
+//! temporary file first.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -28,13 +30,15 @@ use crate::{Error, Result};
 mod lmdb;
 mod webdataset;
 
-/// What to check beyond the bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What to check beyond the bytes, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifyOptions {
     /// Decode every image (and check every `.npy` shape) as well.
     pub decode: bool,
     /// Worker threads.
     pub threads: std::num::NonZeroUsize,
+    /// The object store's endpoint, for a dataset under an `s3://` prefix (none: AWS).
+    pub endpoint: Option<String>,
 }
 
 /// One thing wrong with a dataset.
@@ -139,10 +143,27 @@ pub fn verify(path: &Path, options: &VerifyOptions, progress: &dyn Progress) -> 
         });
     }
     let mut verified = Verified::new(path, options.decode);
+    if let Some(url) = path.to_str().filter(|p| crate::store::is_store_url(p)) {
+        let url = crate::store::StoreUrl::parse(url)?;
+        let store = imgpack_reader::store::Store::open(&url, options.endpoint.as_deref())?;
+        let listed: std::collections::BTreeMap<String, u64> = store.list_sizes()?.into_iter().collect();
+        if !listed.contains_key(META_FILE) {
+            return Err(imgpack_reader::webdataset::not_a_stored_dataset(&url, listed.len()).into());
+        }
+        progress.length(listed.iter().filter(|(name, _)| name.ends_with(".tar")).map(|(_, size)| size).sum());
+        let files = webdataset::Files::Store { store, listed };
+        pool.install(|| webdataset::check(&files, options, &mut verified, progress));
+        verified.seconds = started.elapsed().as_secs_f64();
+        progress.finish();
+        return Ok(verified);
+    }
     progress.length(dataset_bytes(path));
     match imgpack_reader::detect(path) {
         Some(Kind::Lmdb) => pool.install(|| lmdb::check(path, options, &mut verified, progress))?,
-        Some(Kind::WebDataset) => pool.install(|| webdataset::check(path, options, &mut verified, progress)),
+        Some(Kind::WebDataset) => {
+            let files = webdataset::Files::Dir(path.to_path_buf());
+            pool.install(|| webdataset::check(&files, options, &mut verified, progress))
+        }
         None => return Err(imgpack_reader::not_a_dataset(path).into()),
     }
     verified.seconds = started.elapsed().as_secs_f64();
@@ -300,7 +321,7 @@ pub(crate) mod testing {
     pub fn check(path: &Path, decode: bool) -> Verified {
         verify(
             path,
-            &VerifyOptions { decode, threads: std::num::NonZeroUsize::MIN },
+            &VerifyOptions { decode, threads: std::num::NonZeroUsize::MIN, endpoint: None },
             &crate::progress::Silent,
         )
         .unwrap()

@@ -1,8 +1,11 @@
 //! `pack verify` of a WebDataset: each shard's size, checksums and tar headers, every
 //! `imgpack.index` entry and DALI `.idx` line against the tar itself, and `shardindex.json`
-//! against the shard list; shards are checked in parallel.
+//! against the shard list; shards are checked in parallel. In an object store the same checks
+//! run on each shard downloaded to a temporary file ([`Files`]).
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
 
 use imgpack_reader::checksum::crc32;
 use imgpack_reader::key::{format_key, split_field_name};
@@ -19,9 +22,74 @@ use crate::progress::Progress;
 
 use super::{check_fields, read_meta, sample_place, Problem, Verified, VerifyOptions};
 
-/// Checks the WebDataset in `dir`.
-pub(super) fn check(dir: &Path, options: &VerifyOptions, verified: &mut Verified, progress: &dyn Progress) {
-    let raw_meta = match std::fs::read(dir.join(META_FILE)) {
+/// Where a WebDataset's files are read from.
+pub(super) enum Files {
+    /// A directory.
+    Dir(PathBuf),
+    /// A prefix in an object store, with what it held when listed (name and size). A shard is
+    /// downloaded to a temporary file to be checked, one per worker thread at a time.
+    Store { store: imgpack_reader::store::Store, listed: BTreeMap<String, u64> },
+}
+
+/// A shard's bytes, mapped: the dataset's file, or a downloaded copy removed when dropped.
+struct ShardBytes {
+    map: memmap2::Mmap,
+    _copy: Option<tempfile::NamedTempFile>,
+}
+
+impl Files {
+    /// The bytes of file `name`, or why they cannot be read.
+    fn read(&self, name: &str) -> std::result::Result<Vec<u8>, String> {
+        match self {
+            Files::Dir(dir) => std::fs::read(dir.join(name)).map_err(|e| e.to_string()),
+            Files::Store { store, listed } => {
+                if !listed.contains_key(name) {
+                    return Err(format!("it is not stored under {}", store.url()));
+                }
+                store.get(name).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// Shard `name`, mapped, or why it cannot be read.
+    fn shard(&self, name: &str) -> std::result::Result<ShardBytes, String> {
+        let map = |file: &std::fs::File| {
+            // SAFETY: a read-only map of a file nothing writes while it is checked (the
+            // dataset's, or our own download); every offset is bounds-checked against its length.
+            unsafe { memmap2::Mmap::map(file) }.map_err(|e| e.to_string())
+        };
+        match self {
+            Files::Dir(dir) => {
+                let file = std::fs::File::open(dir.join(name)).map_err(|e| e.to_string())?;
+                Ok(ShardBytes { map: map(&file)?, _copy: None })
+            }
+            Files::Store { store, listed } => {
+                let Some(&size) = listed.get(name) else {
+                    return Err(format!("it is not stored under {}", store.url()));
+                };
+                let mut copy = tempfile::Builder::new()
+                    .prefix(".imgpack-verify-")
+                    .tempfile()
+                    .map_err(|e| format!("cannot make a temporary file to download it to: {e}"))?;
+                for chunk in store.stream(name, 0..size).map_err(|e| e.to_string())? {
+                    let chunk = chunk.map_err(|e| e.to_string())?;
+                    copy.write_all(&chunk)
+                        .map_err(|e| format!("cannot download it to {}: {e}", copy.path().display()))?;
+                }
+                Ok(ShardBytes { map: map(copy.as_file())?, _copy: Some(copy) })
+            }
+        }
+    }
+}
+
+/// Checks the WebDataset whose files `files` reads.
+pub(super) fn check(
+    files: &Files,
+    options: &VerifyOptions,
+    verified: &mut Verified,
+    progress: &dyn Progress,
+) {
+    let raw_meta = match files.read(META_FILE) {
         Ok(raw) => raw,
         Err(e) => return verified.problem(META_FILE, format!("cannot read it: {e}")),
     };
@@ -29,9 +97,9 @@ pub(super) fn check(dir: &Path, options: &VerifyOptions, verified: &mut Verified
     else {
         return;
     };
-    let entries = read_index(dir, &meta, crc32(&raw_meta), verified);
+    let entries = read_index(files, &meta, crc32(&raw_meta), verified);
     check_shard_list(&meta, verified);
-    check_wids(dir, &meta, verified);
+    check_wids(files, &meta, verified);
 
     let read = std::sync::atomic::AtomicU64::new(0);
     let results: Vec<ShardCheck> = meta
@@ -39,7 +107,7 @@ pub(super) fn check(dir: &Path, options: &VerifyOptions, verified: &mut Verified
         .par_iter()
         .enumerate()
         .map(|(number, shard)| {
-            let result = check_shard(dir, &meta, number, shard, &entries, options);
+            let result = check_shard(files, &meta, number, shard, &entries, options);
             let total = read.fetch_add(result.bytes, std::sync::atomic::Ordering::Relaxed) + result.bytes;
             progress.position(total);
             result
@@ -58,8 +126,8 @@ pub(super) fn check(dir: &Path, options: &VerifyOptions, verified: &mut Verified
 
 /// Reads `imgpack.index`, checks its header, and returns the entries it holds (as many as are
 /// whole, even if that is not the count it should have).
-fn read_index(dir: &Path, meta: &Meta, meta_crc: u32, verified: &mut Verified) -> Vec<IndexEntry> {
-    let index = match std::fs::read(dir.join(SAMPLE_INDEX_FILE)) {
+fn read_index(files: &Files, meta: &Meta, meta_crc: u32, verified: &mut Verified) -> Vec<IndexEntry> {
+    let index = match files.read(SAMPLE_INDEX_FILE) {
         Ok(index) => index,
         Err(e) => {
             verified.problem(SAMPLE_INDEX_FILE, format!("cannot read it: {e}"));
@@ -123,9 +191,9 @@ fn check_shard_list(meta: &Meta, verified: &mut Verified) {
 }
 
 /// `shardindex.json` must be exactly what the writer makes of the shard list.
-fn check_wids(dir: &Path, meta: &Meta, verified: &mut Verified) {
+fn check_wids(files: &Files, meta: &Meta, verified: &mut Verified) {
     let expected = WidsIndex::of(&meta.shards);
-    match std::fs::read(dir.join(WIDS_INDEX_FILE)) {
+    match files.read(WIDS_INDEX_FILE) {
         Err(e) => verified.problem(WIDS_INDEX_FILE, format!("cannot read it: {e}")),
         Ok(raw) if raw != crate::encoding::json_bytes(&expected) => {
             let reason = match serde_json::from_slice::<WidsIndex>(&raw) {
@@ -163,7 +231,7 @@ impl ShardCheck {
 /// Checks one shard: its size and checksums, then its samples in order, each against the tar headers,
 /// its index entry and its checksum; then the end blocks and the DALI index.
 fn check_shard(
-    dir: &Path,
+    files: &Files,
     meta: &Meta,
     number: usize,
     shard: &ShardInfo,
@@ -175,19 +243,14 @@ fn check_shard(
     if !is_shard_name(name) {
         return out; // reported by check_shard_list; never read outside the dataset
     }
-    let path = dir.join(name);
-    let map = match std::fs::File::open(&path).and_then(|file| {
-        // SAFETY: a read-only map of a dataset nothing writes while it is checked; every offset
-        // below is bounds-checked against the map's length.
-        unsafe { memmap2::Mmap::map(&file) }
-    }) {
-        Ok(map) => map,
+    let shard_bytes = match files.shard(name) {
+        Ok(bytes) => bytes,
         Err(e) => {
             out.problem(name, format!("cannot read it: {e}"));
             return out;
         }
     };
-    let buf: &[u8] = &map;
+    let buf: &[u8] = &shard_bytes.map;
     out.bytes = buf.len() as u64;
     if buf.len() as u64 != shard.bytes {
         out.problem(name, format!("is {} bytes, {META_FILE} says {}", buf.len(), shard.bytes));
@@ -319,7 +382,7 @@ fn check_shard(
     }
     // The writer names it after the shard: `shard-000003.tar` -> `shard-000003.idx`.
     let idx_name = format!("{}.idx", name.strip_suffix(".tar").unwrap_or(name));
-    match std::fs::read(dir.join(&idx_name)) {
+    match files.read(&idx_name) {
         Err(e) => out.problem(&idx_name, format!("cannot read it: {e}")),
         Ok(raw) if raw != dali.as_bytes() => {
             let text = String::from_utf8_lossy(&raw);

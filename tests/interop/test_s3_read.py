@@ -123,9 +123,113 @@ def test_read_failures_each_have_their_own_message(pack_bin, s3_server, bucket, 
     assert bad.returncode == 2 and "lower-case" in bad.stderr, bad.stderr
 
 
+def verify_json(pack_bin, env, path, *extra) -> tuple[int, dict]:
+    proc = run(pack_bin, env, "verify", path, "--json", *extra)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_verify_of_a_stored_dataset_checks_what_it_checks_on_disk(pack_bin, s3_server, stored):
+    local, url = stored
+    env = s3_server.env()
+    code, there = verify_json(pack_bin, env, url, "--decode")
+    assert code == 0 and there["problems"] == [], there
+    _, here = verify_json(pack_bin, env, local, "--decode")
+    assert there["path"] == url
+    for record in (here, there):
+        del record["path"], record["seconds"]
+    assert there == here and there["checked"] == there["expected"] > 0
+    text = run(pack_bin, env, "verify", url)
+    assert text.returncode == 0 and "ok: no problem found" in text.stdout, text.stderr
+
+
+def test_verify_names_damage_in_the_store(pack_bin, s3_server, bucket, stored):
+    _, url = stored
+    env, client = s3_server.env(), s3_server.client()
+    names = objects(client, bucket, "data/train/")
+    shards = sorted(n for n in names if n.endswith(".tar"))
+    # One byte flipped inside the second shard's first sample's image, its DALI index gone.
+    body = bytearray(names[shards[1]])
+    body[512 * 3 + 10] ^= 0xFF
+    client.put_object(Bucket=bucket, Key=f"data/train/{shards[1]}", Body=bytes(body))
+    idx = shards[2].replace(".tar", ".idx")
+    client.delete_object(Bucket=bucket, Key=f"data/train/{idx}")
+    code, report = verify_json(pack_bin, env, url)
+    assert code == 1
+    places = {p["place"]: p["reason"] for p in report["problems"]}
+    assert "CRC-32" in places[shards[1]], places
+    assert any(place.startswith("sample ") for place in places), places
+    assert "not stored under" in places[idx], places
+    # A prefix with no imgpack.json is no dataset: an error, not a report.
+    client.delete_object(Bucket=bucket, Key="data/train/imgpack.json")
+    proc = run(pack_bin, env, "verify", url)
+    assert proc.returncode == 1 and "no imgpack.json" in proc.stderr, proc.stderr
+
+
 def test_commands_that_cannot_read_a_store_yet_say_so(pack_bin, s3_server, stored):
     _, url = stored
-    for args in (["verify", url], [url, "--to", "lmdb", "-o", "out.lmdb"]):
+    for args in (["merge", url], ["bench-read", url], ["plan", url, "-o", "x.plan"]):
         proc = run(pack_bin, s3_server.env(), *args)
         assert proc.returncode == 2, proc.stderr
         assert "copy the prefix to a local directory first" in proc.stderr and "aws s3 sync" in proc.stderr
+
+
+@pytest.mark.parametrize("to", ["lmdb", "webdataset", "imagefolder"])
+def test_a_stored_dataset_converts_as_the_local_one_does(pack_bin, s3_server, stored, tmp_path, to):
+    local, url = stored
+    env = s3_server.env()
+    extra = ["--shard-samples", "5"] if to == "webdataset" else []
+    here, there = tmp_path / f"here-{to}", tmp_path / f"there-{to}"
+    assert run(pack_bin, env, local, "--to", to, "-o", here, *extra, "-q").returncode == 0
+    proc = run(pack_bin, env, url, "--to", to, "-o", there, *extra, "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["packed"] == summary["found"] > 0 and summary["skipped"] == [], summary
+    files = lambda root: {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    a, b = files(here), files(there)
+    if to == "lmdb":
+        # The databases differ only in the recorded source root; every record is compared.
+        import lmdb
+
+        def records(path):
+            with lmdb.open(str(path), readonly=True, lock=False) as env_:
+                with env_.begin() as txn:
+                    return {bytes(k): bytes(v) for k, v in txn.cursor()}
+
+        ra, rb = records(here), records(there)
+        meta_a, meta_b = json.loads(ra.pop(b"__meta__")), json.loads(rb.pop(b"__meta__"))
+        # The checksum record's 24-byte header holds the metadata's CRC; the sample CRCs follow.
+        sums_a, sums_b = ra.pop(b"__checksums__"), rb.pop(b"__checksums__")
+        assert sums_a[24:] == sums_b[24:] and len(sums_a) > 24
+        assert ra == rb
+        assert meta_b["source"]["root"] == url and meta_a["source"]["root"] == str(local)
+        meta_a["source"]["root"] = meta_b["source"]["root"]
+        assert meta_a == meta_b
+    elif to == "webdataset":
+        assert sorted(a) == sorted(b)
+        for name in a:
+            if name not in ("imgpack.json", "imgpack.index"):  # they record the source root
+                assert a[name] == b[name], name
+        assert json.loads(b["imgpack.json"])["source"]["root"] == url
+    else:
+        assert a == b  # the tree, file for file
+
+
+def test_a_stored_dataset_converts_into_the_store(pack_bin, s3_server, bucket, stored, tmp_path):
+    local, url = stored
+    env, client = s3_server.env(), s3_server.client()
+    out = f"s3://{bucket}/converted/"
+    proc = run(pack_bin, env, url, "--to", "webdataset", "-o", out, "--shard-samples", "4", "-q")
+    assert proc.returncode == 0, proc.stderr
+    here = tmp_path / "here"
+    assert run(pack_bin, env, url, "--to", "webdataset", "-o", here, "--shard-samples", "4", "-q").returncode == 0
+    assert objects(client, bucket, "converted/") == {
+        p.relative_to(here).as_posix(): p.read_bytes() for p in here.rglob("*") if p.is_file()
+    }
+    # Into its own prefix, or under it: refused before anything is touched.
+    for inside in (url, url + "sub/"):
+        proc = run(pack_bin, env, url, "--to", "webdataset", "-o", inside, "--overwrite", "-q")
+        assert proc.returncode == 2 and "is inside the source" in proc.stderr, proc.stderr
+    assert "imgpack.json" in objects(client, bucket, "data/train/")
+    # An ImageFolder tree in a store is not read yet, and says so.
+    proc = run(pack_bin, env, "imagefolder", url, "--to", "lmdb", "-o", tmp_path / "x.lmdb", "-q")
+    assert proc.returncode == 2 and "ImageFolder tree from an object store is not supported yet" in proc.stderr

@@ -61,7 +61,7 @@ pub use index::{
     IndexEntry, IndexHeader, INDEX_ENTRY_LEN, INDEX_HEADER_LEN, INDEX_MAGIC, INDEX_VERSION, SAMPLE_INDEX_FILE,
 };
 #[cfg(feature = "s3")]
-pub use remote::{RemoteSamples, RemoteWebDataset};
+pub use remote::{not_a_dataset as not_a_stored_dataset, RemoteSamples, RemoteWebDataset};
 pub use shard::{is_shard_name, shard_file_name};
 pub use tar::{member_len, parse_member, Member, BLOCK, END_OF_ARCHIVE, MAX_NAME};
 pub use wids::{WidsIndex, WidsShard, WIDS_INDEX_FILE};

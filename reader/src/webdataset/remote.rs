@@ -67,14 +67,7 @@ impl RemoteWebDataset {
         let not_dataset = |reason: String| Error::NotADataset { path: path.to_path_buf(), reason };
         let listed: HashMap<String, u64> = store.list_sizes()?.into_iter().collect();
         if !listed.contains_key(META_FILE) {
-            return Err(not_dataset(if listed.is_empty() {
-                "nothing is stored under this prefix; check the bucket and the prefix".into()
-            } else {
-                format!(
-                    "{} objects but no {META_FILE}; a finished `pack --to webdataset -o s3://...` run stores it last, so the run did not finish (or is still running) or this is not its output",
-                    listed.len()
-                )
-            }));
+            return Err(not_a_dataset(store.url(), listed.len()));
         }
         let raw = store.get(META_FILE)?;
         let meta = parse_meta(&path, &raw)?;
@@ -211,6 +204,18 @@ impl RemoteWebDataset {
             .collect();
         Ok(Sample { index, key, fields, dataset: self.path.clone() })
     }
+}
+
+/// Why the prefix `url`, holding `objects` objects but no `imgpack.json`, is not a dataset.
+pub fn not_a_dataset(url: &StoreUrl, objects: usize) -> Error {
+    let reason = if objects == 0 {
+        "nothing is stored under this prefix; check the bucket and the prefix".into()
+    } else {
+        format!(
+            "{objects} objects but no {META_FILE}; a finished `pack --to webdataset -o s3://...` run stores it last, so the run did not finish (or is still running) or this is not its output"
+        )
+    };
+    Error::NotADataset { path: url.to_string().into(), reason }
 }
 
 /// The samples of a [`RemoteWebDataset`] in order, read from one streamed GET per shard.
