@@ -92,16 +92,23 @@ pub fn open_env(path: &Path) -> Result<Arc<Env<WithoutTls>>> {
         return Ok(env);
     }
     open.retain(|_, env| env.strong_count() > 0);
-    let env = match open_read_only(&canonical) {
-        // This function opened it and its last handle is gone, but heed's entry goes only when
-        // `mdb_env_close` returns: another thread is dropping it right now. Wait for that.
-        Err(heed::Error::EnvAlreadyOpened) if known.is_some() => {
-            if let Some(closing) = heed::env_closing_event(&canonical) {
-                closing.wait_timeout(CLOSING_WAIT);
+    let started = std::time::Instant::now();
+    let env = loop {
+        match open_read_only(&canonical) {
+            // This function opened it and its last handle is gone, but heed's entry goes only
+            // when `mdb_env_close` returns: another thread is dropping it right now. Wait for
+            // that. Between the last `Arc` going and heed announcing the close there is a
+            // moment with no closing event to wait on yet: then try again shortly.
+            Err(heed::Error::EnvAlreadyOpened) if known.is_some() && started.elapsed() < CLOSING_WAIT => {
+                match heed::env_closing_event(&canonical) {
+                    Some(closing) => {
+                        closing.wait_timeout(CLOSING_WAIT.saturating_sub(started.elapsed()));
+                    }
+                    None => std::thread::sleep(Duration::from_millis(1)),
+                }
             }
-            open_read_only(&canonical)
+            opened => break opened,
         }
-        opened => opened,
     }
     .map_err(lmdb_err)?;
     let env = Arc::new(env);
