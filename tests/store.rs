@@ -122,12 +122,3 @@ fn commands_that_would_read_a_store_say_it_is_not_supported_yet() {
         assert!(stderr.contains(&format!("aws s3 sync {url} DIR")), "{args:?}: {stderr}");
     }
 }
-
-#[test]
-fn an_imagefolder_tree_in_a_store_is_refused_saying_how_to_read_it() {
-    let url = "s3://my-bucket/train/";
-    let mut cmd = pack_to_store(&[&"imagefolder", &url, &"--to", &"lmdb", &"-o", &"x.lmdb", &"-q"]);
-    let stderr = stderr_of(&mut cmd, 2);
-    assert!(stderr.contains("ImageFolder tree from an object store is not supported yet"), "{stderr}");
-    assert!(stderr.contains(&format!("aws s3 sync {url} DIR")), "{stderr}");
-}

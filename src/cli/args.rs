@@ -20,9 +20,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// option. `pack info OUT` says what a dataset holds, `pack ls OUT` lists its samples. `pack
 /// bench-read PATH...` measures random reads of trees and packed datasets on this machine's
 /// storage. `pack verify OUT` checks a packed dataset end to end. `-o s3://BUCKET/PREFIX/`
-/// (with --to webdataset) streams the shards into an object store (see --endpoint), and such a
-/// prefix can be converted (`pack s3://... --to ...`), verified, inspected and listed where it
-/// is. On a cluster: `pack plan SRC -o PLAN` once, `pack
+/// (with --to webdataset) streams the shards into an object store (see --endpoint); such a
+/// prefix, or an ImageFolder tree under one, can be packed or converted (`pack s3://... --to
+/// ...`), and a stored dataset verified, inspected and listed where it is. On a cluster: `pack plan SRC -o PLAN` once, `pack
 /// PLAN --part K/N ... -o OUT` on each machine, then `pack merge OUT`.
 ///
 /// Exit codes: 0 everything packed; 1 error, nothing published; 2 bad usage;
@@ -488,8 +488,8 @@ pub enum OnErrorArg {
 #[derive(Debug, Args)]
 pub struct PackArgs {
     /// The source: an ImageFolder root (the directory that holds one folder per class), or a
-    /// dataset written by pack (a directory, or the s3://BUCKET/PREFIX/ of a WebDataset in an
-    /// object store, at --endpoint).
+    /// dataset written by pack; either may be a directory or an object store prefix
+    /// s3://BUCKET/PREFIX/ (at --endpoint).
     #[arg(value_name = "SRC")]
     pub source: PathBuf,
 

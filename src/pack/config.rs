@@ -187,14 +187,8 @@ impl PackConfig {
             ));
         }
         let source_url = self.store_source()?;
-        match &source_url {
-            None => crate::source::imagefolder::check_root(&self.source)?,
-            Some(url) if self.source_kind == SourceKind::ImageFolder => {
-                return Err(Error::Usage(format!(
-                    "{url}: reading an ImageFolder tree from an object store is not supported yet; copy it to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
-                )));
-            }
-            Some(_) => {}
+        if source_url.is_none() {
+            crate::source::imagefolder::check_root(&self.source)?;
         }
         if let Some(url) = self.store_output()? {
             if let Some(source) = &source_url {

@@ -106,25 +106,14 @@ pub fn pack(config: &PackConfig, bar: &dyn Progress) -> Result<Report> {
             reason: "holds parts packed with `--part K/N` that are not merged yet; run `pack merge` on it first, then convert the merged dataset".into(),
         });
     }
-    let packed = is_packed(&config.source) || config.store_source()?.is_some();
-    let (source, kind): (Box<dyn Source>, &str) = if detect && packed {
+    if let Some(url) = config.store_source()? {
+        let (source, kind) = store_source(config, &url)?;
+        let root = url.to_string();
+        return run(config, Input { source, kind, root, ordered: false, part: None }, bar);
+    }
+    let (source, kind): (Box<dyn Source>, &str) = if detect && is_packed(&config.source) {
         let packed = PackedDataset::open(&config.source, config.endpoint.as_deref())?;
-        if packed.holds_decoded_pixels() {
-            // Found before starting, not as one skipped sample after another.
-            let cannot = if config.format == OutputFormat::ImageFolder {
-                Some("unpacked into an ImageFolder tree")
-            } else if !matches!(config.transcoder.mode, crate::transcode::Mode::Passthrough) {
-                Some("transcoded again (--mode needs image files to decode)")
-            } else {
-                None
-            };
-            if let Some(cannot) = cannot {
-                return Err(Error::Usage(format!(
-                    "{} holds decoded pixels (packed with --mode decode), not image files, so it cannot be {cannot}; start from the dataset or tree it was made from, or convert it as it is (--to lmdb or --to webdataset, without --mode)",
-                    config.source.display()
-                )));
-            }
-        }
+        refuse_decoded(config, &packed)?;
         let kind = packed.kind();
         (Box::new(packed), kind)
     } else {
@@ -132,6 +121,44 @@ pub fn pack(config: &PackConfig, bar: &dyn Progress) -> Result<Report> {
     };
     let root = config.source.to_string_lossy().into_owned();
     run(config, Input { source, kind, root, ordered: false, part: None }, bar)
+}
+
+/// Refuses to unpack or transcode a dataset of decoded pixels: found before starting, not as
+/// one skipped sample after another.
+fn refuse_decoded(config: &PackConfig, packed: &PackedDataset) -> Result<()> {
+    if !packed.holds_decoded_pixels() {
+        return Ok(());
+    }
+    let cannot = if config.format == OutputFormat::ImageFolder {
+        "unpacked into an ImageFolder tree"
+    } else if !matches!(config.transcoder.mode, crate::transcode::Mode::Passthrough) {
+        "transcoded again (--mode needs image files to decode)"
+    } else {
+        return Ok(());
+    };
+    Err(Error::Usage(format!(
+        "{} holds decoded pixels (packed with --mode decode), not image files, so it cannot be {cannot}; start from the dataset or tree it was made from, or convert it as it is (--to lmdb or --to webdataset, without --mode)",
+        config.source.display()
+    )))
+}
+
+/// The source under a store prefix: the WebDataset `pack` stored there (a prefix holding
+/// `imgpack.json`), else an ImageFolder tree laid out under it. One listing tells which.
+fn store_source(
+    config: &PackConfig,
+    url: &crate::store::StoreUrl,
+) -> Result<(Box<dyn Source>, &'static str)> {
+    let store = imgpack_reader::store::Store::open(url, config.endpoint.as_deref())?;
+    let listed = store.list_sizes()?;
+    let dataset = listed.iter().any(|(name, _)| name == imgpack_reader::webdataset::META_FILE);
+    if dataset && config.source_kind == SourceKind::Detect {
+        let remote = imgpack_reader::webdataset::RemoteWebDataset::open_store(store)?;
+        let packed = PackedDataset::of(imgpack_reader::Dataset::Remote(remote), &config.source);
+        refuse_decoded(config, &packed)?;
+        return Ok((Box::new(packed), imgpack_reader::webdataset::FORMAT_NAME));
+    }
+    let tree = crate::source::remote::RemoteImageFolder::new(store, listed, &config.extensions);
+    Ok((Box::new(tree), "imagefolder"))
 }
 
 /// With `--resume`, an output that is already complete — published, no interrupted run's

@@ -29,13 +29,13 @@ impl PackedDataset {
     /// Opens the dataset at `path`: a directory, or an `s3://` prefix at `endpoint` (every
     /// sample then one ranged GET, many in flight from the pipeline's readers).
     pub fn open(path: &Path, endpoint: Option<&str>) -> Result<PackedDataset> {
-        let dataset = imgpack_reader::open_with_endpoint(path, endpoint)?;
+        Ok(PackedDataset::of(imgpack_reader::open_with_endpoint(path, endpoint)?, path))
+    }
+
+    /// The open `dataset`, which messages name by `path`.
+    pub fn of(dataset: Dataset, path: &Path) -> PackedDataset {
         let key_width = dataset.meta().key_width;
-        Ok(PackedDataset {
-            dataset: std::sync::RwLock::new(Some(dataset)),
-            path: path.to_path_buf(),
-            key_width,
-        })
+        PackedDataset { dataset: std::sync::RwLock::new(Some(dataset)), path: path.to_path_buf(), key_width }
     }
 
     fn with<T>(&self, f: impl FnOnce(&Dataset) -> T) -> T {

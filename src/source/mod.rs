@@ -7,6 +7,7 @@
 pub mod dataset;
 pub mod imagefolder;
 pub mod plan;
+pub mod remote;
 pub mod samples;
 
 pub use samples::Samples;

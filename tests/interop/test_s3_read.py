@@ -230,6 +230,51 @@ def test_a_stored_dataset_converts_into_the_store(pack_bin, s3_server, bucket, s
         proc = run(pack_bin, env, url, "--to", "webdataset", "-o", inside, "--overwrite", "-q")
         assert proc.returncode == 2 and "is inside the source" in proc.stderr, proc.stderr
     assert "imgpack.json" in objects(client, bucket, "data/train/")
-    # An ImageFolder tree in a store is not read yet, and says so.
-    proc = run(pack_bin, env, "imagefolder", url, "--to", "lmdb", "-o", tmp_path / "x.lmdb", "-q")
-    assert proc.returncode == 2 and "ImageFolder tree from an object store is not supported yet" in proc.stderr
+
+
+def upload_tree(client, bucket: str, prefix: str, root: Path) -> int:
+    files = [p for p in sorted(root.rglob("*")) if p.is_file()]
+    for path in files:
+        client.put_object(Bucket=bucket, Key=prefix + path.relative_to(root).as_posix(), Body=path.read_bytes())
+    return len(files)
+
+
+def test_an_imagefolder_tree_in_the_store_packs_as_the_local_tree(pack_bin, s3_server, bucket, tmp_path):
+    import torchvision
+
+    env, client = s3_server.env(), s3_server.client()
+    assert upload_tree(client, bucket, "tree/", IMAGEFOLDER) > 0
+    src = f"s3://{bucket}/tree/"
+    here, there = tmp_path / "here", tmp_path / "there"
+    assert run(pack_bin, env, IMAGEFOLDER, "--to", "webdataset", "-o", here, "--shard-samples", "6", "-q").returncode == 0
+    proc = run(pack_bin, env, src, "--to", "webdataset", "-o", there, "--shard-samples", "6", "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["packed"] == summary["found"] == 31 and summary["skipped"] == [], summary
+    # The shards are the local tree's, byte for byte: same samples, same order, same labels.
+    for shard in sorted(here.glob("*.tar")):
+        assert (there / shard.name).read_bytes() == shard.read_bytes(), shard.name
+    meta = json.loads((there / "imgpack.json").read_text())
+    assert meta["source"]["root"] == src and meta["source"]["kind"] == "imagefolder"
+    # torchvision's order and labels, for the tree the prefix holds.
+    reference = torchvision.datasets.ImageFolder(str(IMAGEFOLDER)).samples
+    lines = [json.loads(line) for line in run(pack_bin, env, "ls", there, "--json").stdout.splitlines()]
+    assert [(str(IMAGEFOLDER / e["path"]), e["label"]) for e in lines] == reference
+    assert meta["classes"] == torchvision.datasets.ImageFolder(str(IMAGEFOLDER)).classes
+    # Straight into the store too; `pack imagefolder` names the kind explicitly.
+    out = f"s3://{bucket}/shards/"
+    proc = run(pack_bin, env, "imagefolder", src, "--to", "webdataset", "-o", out, "--shard-samples", "6", "-q")
+    assert proc.returncode == 0, proc.stderr
+    stored = objects(client, bucket, "shards/")
+    assert all(stored[p.name] == p.read_bytes() for p in here.glob("*.tar"))
+
+
+def test_a_bad_file_in_a_stored_tree_is_skipped_and_named(pack_bin, s3_server, bucket, tmp_path):
+    env, client = s3_server.env(), s3_server.client()
+    found = upload_tree(client, bucket, "tree/", IMAGEFOLDER)
+    client.put_object(Bucket=bucket, Key="tree/cat/broken.jpg", Body=b"\xff\xd8 not a jpeg")
+    proc = run(pack_bin, env, f"s3://{bucket}/tree/", "--to", "lmdb", "-o", tmp_path / "out.lmdb", "--json")
+    assert proc.returncode != 0 or "broken.jpg" in proc.stdout
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["found"] == found + 1 and summary["packed"] == found
+    assert [s["path"] for s in summary["skipped"]] == [f"s3://{bucket}/tree/cat/broken.jpg"], summary["skipped"]
