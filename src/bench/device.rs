@@ -58,14 +58,30 @@ pub struct Device {
 
 const OVERLAY: &str = "overlay file system";
 const MEMORY: &str = "tmpfs (memory)";
+const OBJECT_STORE: &str = "object store";
 const UNKNOWN: &str = "unknown";
 
 impl Device {
+    /// The label of an object store reached at `endpoint` (as messages name it): there is no
+    /// block device to look up, the endpoint is what a comparison needs.
+    pub fn object_store(endpoint: &str) -> Device {
+        Device {
+            name: String::new(),
+            partition: None,
+            model: None,
+            rotational: None,
+            transport: OBJECT_STORE.into(),
+            filesystem: "s3".into(),
+            mount_point: endpoint.into(),
+        }
+    }
+
     /// One short human line for tables, e.g.
     /// "nvme0n1 (Samsung SSD 980 PRO 1TB, NVMe, non-rotational) ext4 on /data",
     /// "vda (virtio, rotational) ext4 on /",
     /// "overlay file system on / (upper dir on vda, virtio, rotational)",
-    /// "network file system (nfs4) on /mnt/datasets", "tmpfs in memory on /dev/shm".
+    /// "network file system (nfs4) on /mnt/datasets", "tmpfs in memory on /dev/shm",
+    /// "object store (S3 API) at http://127.0.0.1:8333".
     pub fn describe(&self) -> String {
         let on =
             if self.mount_point.is_empty() { String::new() } else { format!(" on {}", self.mount_point) };
@@ -102,7 +118,9 @@ impl Device {
         }
 
         let short = self.filesystem.strip_prefix("fuse.").unwrap_or(&self.filesystem);
-        if self.transport.starts_with("network") {
+        if self.transport == OBJECT_STORE {
+            format!("object store (S3 API) at {}", self.mount_point)
+        } else if self.transport.starts_with("network") {
             format!("network file system ({short}){on}")
         } else if self.transport.starts_with("host share") {
             format!("host share ({short}){on}")

@@ -39,6 +39,9 @@ pub enum Access {
     Pread,
     /// One file in fixed-size blocks (`--file`), to calibrate against fio.
     Blocks,
+    /// A WebDataset in an object store: one ranged GET of the sample's byte range, found in
+    /// the index (what `imgpack.open("s3://...")[i]` does).
+    RangedGet,
 }
 
 impl Access {
@@ -50,6 +53,7 @@ impl Access {
             Access::Reader => "reader",
             Access::Pread => "pread",
             Access::Blocks => "block pread",
+            Access::RangedGet => "ranged GET",
         }
     }
 
@@ -58,14 +62,20 @@ impl Access {
         match self {
             Access::OpenRead => "files",
             Access::MapFaults | Access::Reader => "lmdb",
-            Access::Pread => "webdataset",
+            Access::Pread | Access::RangedGet => "webdataset",
             Access::Blocks => "file",
         }
     }
 
-    /// Whether `--direct` applies (LMDB is always read through its map).
+    /// Whether `--direct` applies (LMDB is always read through its map; a store has no page
+    /// cache here).
     pub fn can_be_direct(self) -> bool {
-        !matches!(self, Access::MapFaults | Access::Reader)
+        !matches!(self, Access::MapFaults | Access::Reader | Access::RangedGet)
+    }
+
+    /// Whether the reads go through this machine's page cache (`--cache` applies).
+    pub fn is_cached(self) -> bool {
+        self != Access::RangedGet
     }
 }
 
@@ -85,6 +95,7 @@ enum What {
     Lmdb { samples: u64 },
     WebDataset { samples: u64, shards: Vec<PathBuf> },
     Blocks { blocks: u64, block_size: u64 },
+    Store(Arc<imgpack_reader::webdataset::RemoteWebDataset>),
 }
 
 impl Input {
@@ -130,6 +141,24 @@ impl Input {
     }
 
     /// One file read in blocks of `block_size` bytes at block-aligned offsets (`--file`).
+    /// The WebDataset under the store prefix `url`, at `endpoint`, read by ranged GETs.
+    pub fn store(url: &str, endpoint: Option<&str>) -> Result<Input> {
+        let dataset = imgpack_reader::webdataset::RemoteWebDataset::open(url, endpoint)?;
+        Ok(Input {
+            path: PathBuf::from(url),
+            access: Access::RangedGet,
+            what: What::Store(Arc::new(dataset)),
+        })
+    }
+
+    /// Where the reads go: the device under the path, or the store's endpoint.
+    pub fn device(&self) -> super::device::Device {
+        match &self.what {
+            What::Store(dataset) => super::device::Device::object_store(dataset.store().endpoint()),
+            _ => super::device::device_for(&self.path),
+        }
+    }
+
     pub fn blocks(path: &Path, block_size: u64) -> Result<Input> {
         let len = std::fs::metadata(path).map_err(Error::io(path))?.len();
         if block_size == 0 || len < block_size {
@@ -151,6 +180,7 @@ impl Input {
             What::Files(files) => files.len() as u64,
             What::Lmdb { samples } | What::WebDataset { samples, .. } => *samples,
             What::Blocks { blocks, .. } => *blocks,
+            What::Store(dataset) => dataset.len(),
         }
     }
 
@@ -171,6 +201,7 @@ impl Input {
             What::Lmdb { .. } => vec![self.path.join("data.mdb")],
             What::WebDataset { shards, .. } => shards.clone(),
             What::Blocks { .. } => vec![self.path.clone()],
+            What::Store(_) => Vec::new(), // no local file, no page cache
         }
     }
 
@@ -196,6 +227,7 @@ impl Input {
                 block_size: *block_size,
                 direct,
             },
+            (What::Store(dataset), _) => Opened::Store(dataset.clone()),
         })
     }
 }
@@ -241,6 +273,8 @@ pub enum Opened {
         /// Whether it was opened with `O_DIRECT`.
         direct: bool,
     },
+    /// A WebDataset in an object store, its index fetched once.
+    Store(Arc<imgpack_reader::webdataset::RemoteWebDataset>),
 }
 
 impl Opened {
@@ -334,6 +368,7 @@ impl ItemReader<'_> {
                     .map_err(Error::io(path))?;
                 f(data);
             }
+            Opened::Store(dataset) => f(&dataset.read_range(item)?),
         }
         Ok(())
     }

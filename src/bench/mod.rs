@@ -80,13 +80,26 @@ pub struct Plan {
     pub seed: u64,
     /// Concurrency levels.
     pub threads: Vec<NonZeroUsize>,
+    /// Concurrency levels for an object store (the same as `threads` when the user gave them).
+    pub store_threads: Vec<NonZeroUsize>,
     /// Cache state.
     pub cache: Cache,
     /// `O_DIRECT` reads for raw files, shards and `--file`.
     pub direct: bool,
 }
 
+/// The default concurrency levels for local storage.
+pub const DEFAULT_THREADS: [usize; 5] = [1, 2, 4, 8, 16];
+/// The default concurrency levels for an object store: one request at a time is its latency,
+/// not its throughput, which needs many in flight.
+pub const DEFAULT_STORE_THREADS: [usize; 5] = [1, 4, 16, 32, 64];
+
 impl Plan {
+    /// Levels as `NonZeroUsize`s.
+    pub fn levels(levels: &[usize]) -> Vec<NonZeroUsize> {
+        levels.iter().filter_map(|&n| NonZeroUsize::new(n)).collect()
+    }
+
     /// The items read, in order, for an input of `len` items.
     pub fn order(&self, len: u64) -> Vec<u64> {
         let mut order: Vec<u64> = (0..len).collect();
@@ -119,8 +132,9 @@ pub fn sweep(input: &Input, plan: &Plan, bar: &dyn Progress) -> Result<Vec<Measu
     if input.is_empty() {
         return Err(Error::BadSource { path: input.path.clone(), reason: "holds no sample to read".into() });
     }
-    let device = device::device_for(&input.path);
-    if plan.cache == Cache::Warm && !(plan.direct && input.access.can_be_direct()) {
+    let device = input.device();
+    if plan.cache == Cache::Warm && !(plan.direct && input.access.can_be_direct()) && input.access.is_cached()
+    {
         // How pages entered the cache matters: read sequentially they sit in large folios,
         // faulted in one by one they do not, and warm map reads differ by 2x between the two
         // (measured: 7 µs against 17 µs per 100 kB LMDB value). Starting every sweep from an
@@ -131,7 +145,8 @@ pub fn sweep(input: &Input, plan: &Plan, bar: &dyn Progress) -> Result<Vec<Measu
             warm_up(&file)?;
         }
     }
-    plan.threads.iter().map(|&threads| measure(input, plan, threads.get(), &device, bar)).collect()
+    let levels = if input.access.is_cached() { &plan.threads } else { &plan.store_threads };
+    levels.iter().map(|&threads| measure(input, plan, threads.get(), &device, bar)).collect()
 }
 
 /// The files holding the items that a measurement making `reads` reads in `order` reaches
@@ -156,8 +171,10 @@ pub fn measure(
     let files = files_read(input, &order, reads);
     let direct = plan.direct && input.access.can_be_direct();
     let (resident_before_eviction, resident_before) = match plan.cache {
-        // O_DIRECT reads bypass the page cache: warming it would only waste time.
+        // O_DIRECT reads bypass the page cache: warming it would only waste time; a store's
+        // bytes are not in this machine's cache at all.
         Cache::Warm if direct => (None, None),
+        _ if !input.access.is_cached() => (None, None),
         Cache::Cold => {
             let before = residency(&files);
             for file in &files {
@@ -315,6 +332,7 @@ pub fn measure(
         }
         .into(),
         cache: match plan.cache {
+            _ if !input.access.is_cached() => "none (object store)",
             Cache::Warm if direct => "bypassed",
             Cache::Warm => "warm",
             Cache::Cold => "cold",
@@ -392,6 +410,7 @@ mod tests {
             duration: duration.map(Duration::from_secs),
             seed: 1,
             threads: vec![std::num::NonZeroUsize::MIN],
+            store_threads: vec![std::num::NonZeroUsize::MIN],
             cache,
             direct: false,
         }

@@ -375,9 +375,13 @@ pub enum CacheArg {
 
 #[derive(Debug, Args)]
 pub struct BenchReadArgs {
-    /// Datasets to measure: ImageFolder trees, LMDB or WebDataset outputs of pack.
+    /// Datasets to measure: ImageFolder trees, LMDB or WebDataset outputs of pack, or the
+    /// s3://BUCKET/PREFIX/ of a WebDataset in an object store (whole-sample ranged GETs).
     #[arg(value_name = "PATH", required_unless_present_any = ["file", "compare"])]
     pub paths: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// Read order.
     #[arg(long, value_enum, default_value_t = PatternArg::Random)]
@@ -395,8 +399,9 @@ pub struct BenchReadArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
-    /// Concurrency levels, comma-separated.
-    #[arg(long, value_name = "LIST", default_value = "1,2,4,8,16", value_delimiter = ',', value_parser = thread_count)]
+    /// Concurrency levels, comma-separated [default: 1,2,4,8,16; for an s3:// path
+    /// 1,4,16,32,64, since an object store is read fast only with many requests in flight].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = thread_count)]
     pub threads: Vec<NonZeroUsize>,
 
     /// Page cache state at the start of each level.
@@ -436,10 +441,7 @@ pub struct BenchReadArgs {
 impl BenchReadArgs {
     /// The measurement plan; impossible values are refused.
     pub fn to_plan(&self) -> crate::Result<crate::bench::Plan> {
-        use crate::bench::{Cache, Pattern, Plan};
-        if self.threads.is_empty() {
-            return Err(crate::Error::Usage("--threads takes counts of 1 or more, e.g. 1,2,4,8,16".into()));
-        }
+        use crate::bench::{Cache, Pattern, Plan, DEFAULT_STORE_THREADS, DEFAULT_THREADS};
         if self.samples == Some(0) {
             return Err(crate::Error::Usage("--samples must be at least 1".into()));
         }
@@ -457,7 +459,16 @@ impl BenchReadArgs {
             samples: self.samples,
             duration,
             seed: self.seed,
-            threads: self.threads.clone(),
+            threads: if self.threads.is_empty() {
+                Plan::levels(&DEFAULT_THREADS)
+            } else {
+                self.threads.clone()
+            },
+            store_threads: if self.threads.is_empty() {
+                Plan::levels(&DEFAULT_STORE_THREADS)
+            } else {
+                self.threads.clone()
+            },
             cache: match self.cache {
                 CacheArg::Warm => Cache::Warm,
                 CacheArg::Cold => Cache::Cold,

@@ -191,15 +191,14 @@ fn refuse_store_paths(command: &Command) -> crate::Result<()> {
         // `pack s3://... --to ...` converts a stored WebDataset; `pack imagefolder s3://...` is
         // refused by the pack configuration, which says so.
         Command::Imagefolder(_) | Command::Convert(_) => Vec::new(),
-        Command::BenchRead(args) => args.paths.iter().map(|p| p.as_path()).collect(),
         Command::Plan(args) => vec![&args.source, &args.out],
         Command::Merge(args) => vec![&args.path],
-        Command::Verify(_) | Command::Info(_) | Command::Ls(_) => Vec::new(),
+        Command::Verify(_) | Command::Info(_) | Command::Ls(_) | Command::BenchRead(_) => Vec::new(),
         Command::Completions(_) | Command::Man => Vec::new(),
     };
     match paths.iter().map(|p| p.to_string_lossy()).find(|p| crate::store::is_store_url(p)) {
         Some(url) => Err(crate::Error::Usage(format!(
-            "{url}: object storage works only as the -o of `pack SRC --to webdataset` and for `pack verify`, `info` and `ls` so far; copy the prefix to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
+            "{url}: object storage works only as the -o of `pack SRC --to webdataset`, as a source, and for `pack verify`, `info`, `ls` and `bench-read` so far; copy the prefix to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
         ))),
         None => Ok(()),
     }
@@ -285,7 +284,10 @@ fn bench_read(args: &args::BenchReadArgs) -> crate::Result<u8> {
                     path.display()
                 )));
             }
-            inputs.extend(Input::detect(path)?);
+            match path.to_str().filter(|p| crate::store::is_store_url(p)) {
+                Some(url) => inputs.push(Input::store(url, args.store.endpoint().as_deref())?),
+                None => inputs.extend(Input::detect(path)?),
+            }
         }
         if tables {
             let _ = writeln!(

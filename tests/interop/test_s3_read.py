@@ -167,7 +167,7 @@ def test_verify_names_damage_in_the_store(pack_bin, s3_server, bucket, stored):
 
 def test_commands_that_cannot_read_a_store_yet_say_so(pack_bin, s3_server, stored):
     _, url = stored
-    for args in (["merge", url], ["bench-read", url], ["plan", url, "-o", "x.plan"]):
+    for args in (["merge", url], ["plan", url, "-o", "x.plan"]):
         proc = run(pack_bin, s3_server.env(), *args)
         assert proc.returncode == 2, proc.stderr
         assert "copy the prefix to a local directory first" in proc.stderr and "aws s3 sync" in proc.stderr
@@ -278,3 +278,28 @@ def test_a_bad_file_in_a_stored_tree_is_skipped_and_named(pack_bin, s3_server, b
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert summary["found"] == found + 1 and summary["packed"] == found
     assert [s["path"] for s in summary["skipped"]] == [f"s3://{bucket}/tree/cat/broken.jpg"], summary["skipped"]
+
+
+def test_bench_read_measures_ranged_gets_beside_the_local_copy(pack_bin, s3_server, stored, tmp_path):
+    local, url = stored
+    env = s3_server.env()
+    svg = tmp_path / "reads.svg"
+    proc = run(pack_bin, env, "bench-read", local, url, "--samples", "40", "--json", "--plot", svg, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    here = [r for r in records if r["path"] == str(local)]
+    there = [r for r in records if r["path"] == url]
+    # The default sweeps: local storage to 16 threads, the object store to 64.
+    assert [r["threads"] for r in here] == [1, 2, 4, 8, 16]
+    assert [r["threads"] for r in there] == [1, 4, 16, 32, 64]
+    for r in there:
+        assert r["access"] == "ranged GET" and r["format"] == "webdataset", r
+        assert r["device"]["transport"] == "object store" and r["device"]["mount_point"] == s3_server.endpoint
+        assert r["cache"] == "none (object store)"
+        assert r["samples"] == 40 and r["latency_us"]["p50"] > 0
+    # Whole samples are read: the same bytes as the local shards' preads of the same samples.
+    assert {r["bytes"] for r in there} == {here[0]["bytes"]}
+    assert svg.read_text().startswith("<svg")
+    table = run(pack_bin, env, "bench-read", url, "--samples", "10", "--threads", "2")
+    assert table.returncode == 0, table.stderr
+    assert f"storage: object store (S3 API) at {s3_server.endpoint}" in table.stdout, table.stdout

@@ -151,6 +151,13 @@ impl RemoteWebDataset {
         self.sample(index, &bytes)
     }
 
+    /// The stored bytes of sample `index` (its tar members, headers included), in one ranged
+    /// GET, unparsed: what [`Self::get`] reads, for measuring the store.
+    pub fn read_range(&self, index: u64) -> Result<Vec<u8>> {
+        let (shard, range) = self.locate(index)?;
+        self.store.get_range(shard, range)
+    }
+
     /// Every sample in order, streamed shard by shard: one GET per shard, and only the sample
     /// being parsed is held, whatever the shard's size.
     pub fn iter(&self) -> RemoteSamples<'_> {
