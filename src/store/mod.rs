@@ -98,7 +98,7 @@ impl Store {
         }
     }
 
-    fn key(&self, name: &str) -> Key {
+    pub(crate) fn key(&self, name: &str) -> Key {
         self.read.key(name)
     }
 

@@ -13,7 +13,6 @@
 //! process is killed is left incomplete in the store, invisible to readers, until the bucket's
 //! lifecycle rule (`AbortIncompleteMultipartUpload`) or a later abort removes it.
 
-use object_store::path::Path as Key;
 use object_store::{ObjectStore, PutMultipartOptions, WriteMultipart};
 
 use super::Store;
@@ -54,7 +53,7 @@ impl Upload {
     /// Starts the upload of object `name`, to hold at most `max_bytes`.
     pub(crate) fn start(store: Store, name: &str, max_bytes: u64) -> Result<Upload> {
         let part_bytes = part_size(max_bytes);
-        let key = Key::from(store.url().key(name));
+        let key = store.key(name);
         let upload = store
             .runtime()
             .block_on(store.client().put_multipart_opts(&key, PutMultipartOptions::default()))

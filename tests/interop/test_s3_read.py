@@ -303,3 +303,33 @@ def test_bench_read_measures_ranged_gets_beside_the_local_copy(pack_bin, s3_serv
     table = run(pack_bin, env, "bench-read", url, "--samples", "10", "--threads", "2")
     assert table.returncode == 0, table.stderr
     assert f"storage: object store (S3 API) at {s3_server.endpoint}" in table.stdout, table.stdout
+
+
+def test_keys_with_spaces_percent_signs_and_accents_read_back_as_named(pack_bin, s3_server, bucket, tmp_path):
+    import shutil
+
+    import torchvision
+
+    env, client = s3_server.env(), s3_server.client()
+    tree = tmp_path / "tree"
+    names = ["a b/x y.jpg", "a b/100%.jpg", "a b/c+d.jpg", "é/ü#1.jpg", "é/sub dir/q=1&r.jpg", "é/sub.x/~t.jpg"]
+    image = next(p for p in sorted(IMAGEFOLDER.rglob("*.jpg")))
+    for name in names:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(image, tree / name)
+    upload_tree(client, bucket, "odd/", tree)
+    out = tmp_path / "out"
+    proc = run(pack_bin, env, f"s3://{bucket}/odd/", "--to", "webdataset", "-o", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["packed"] == len(names), proc.stdout
+    lines = [json.loads(line) for line in run(pack_bin, env, "ls", out, "--json").stdout.splitlines()]
+    reference = torchvision.datasets.ImageFolder(str(tree)).samples
+    assert [(str(tree / e["path"]), e["label"]) for e in lines] == reference
+    # And a dataset stored under such a prefix opens and lists.
+    stored = f"s3://{bucket}/odd name/é+1%/"
+    assert run(pack_bin, env, out, "--to", "webdataset", "-o", stored, "-q").returncode == 0
+    # Under the key the user wrote, not a percent-encoded one.
+    assert "imgpack.json" in objects(client, bucket, "odd name/é+1%/")
+    listed = run(pack_bin, env, "ls", stored, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(line)["path"] for line in listed.stdout.splitlines()] == [e["path"] for e in lines]

@@ -128,9 +128,14 @@ impl Store {
         move |e| problem::to_error(&e, &self.url, name, operation, &self.endpoint)
     }
 
-    /// The key of object `name` of the prefix.
+    /// The key of object `name` of the prefix, exactly as written: `Key::from` would
+    /// percent-encode every non-ASCII byte and `%`, `~`, `#`, ... and so name another object
+    /// than the one listed (`é.jpg` as `%C3%A9.jpg`). [`StoreUrl::parse`] has refused what a
+    /// raw key cannot hold (empty, `.` and `..` segments, control characters); a listed name
+    /// that still cannot be one falls back to the encoded form, which the store then reports
+    /// as missing.
     pub fn key(&self, name: &str) -> Key {
-        Key::from(self.url.key(name))
+        raw_key(&self.url.key(name))
     }
 
     /// The names (relative to the prefix, sorted) of every object under the prefix.
@@ -142,7 +147,7 @@ impl Store {
     /// The first request of a run: it retries only briefly, so wrong settings are reported at
     /// once.
     pub fn list_sizes(&self) -> Result<Vec<(String, u64)>> {
-        let prefix = (!self.url.prefix.is_empty()).then(|| Key::from(self.url.prefix.as_str()));
+        let prefix = (!self.url.prefix.is_empty()).then(|| raw_key(&self.url.prefix));
         let listed: Vec<_> = self
             .runtime()
             .block_on(self.check.list(prefix.as_ref()).try_collect())
@@ -203,6 +208,11 @@ impl Store {
             ),
         }
     }
+}
+
+/// `key` as an object store path, unencoded where it can be (see [`Store::key`]).
+fn raw_key(key: &str) -> Key {
+    Key::parse(key).unwrap_or_else(|_| Key::from(key))
 }
 
 /// The bytes of one streamed GET, chunk by chunk as they arrive ([`Store::stream`]).
