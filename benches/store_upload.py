@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -98,12 +99,14 @@ def main() -> int:
     tree_bytes = sum(f.stat().st_size for f in files)
     logs = out / "logs-store"
     logs.mkdir(parents=True, exist_ok=True)
-    print(f"machine: {pvt.machine_description()}; pack {pvt.tool_version([str(args.pack), '--version'])}")
+    print(f"machine: {pvt.machine_description()}; {pvt.tool_version([str(args.pack), '--version'])}")
     print(f"tree: {len(files)} JPEGs, {tree_bytes / 1e6:.0f} MB; shards of {args.shard_size}")
 
+    pvt.remove(out / "seaweedfs-bench")  # a fresh store every run
     server = s3_server.start(out / "seaweedfs-bench")
     try:
         env = server.env()
+        os.environ.update(env)  # run_timed's children inherit it: the store's credentials and endpoint
         client = server.client()
         client.create_bucket(Bucket=BUCKET)
         local = out / "store-bench-local"
@@ -171,6 +174,7 @@ def main() -> int:
     finally:
         server.stop()
         pvt.remove(out / "store-bench-local")
+        pvt.remove(out / "seaweedfs-bench")
     return 0
 
 
