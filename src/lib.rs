@@ -12,14 +12,16 @@
 //!   bounded memory, [`pack::staged`] publishes the output atomically, [`pack::resume`]
 //!   checkpoints and continues interrupted runs, [`pack::report`] is what the run says.
 //! - [`source`]: where samples are listed (an ImageFolder tree sorted exactly as torchvision
-//!   sorts it, a packed dataset, a plan file) and loaded from.
+//!   sorts it, on disk or under an `s3://` prefix, a packed dataset, a plan file) and loaded
+//!   from.
 //! - [`transcode`]: what happens to each image (check, decode, resize, encode).
 //! - [`sink`]: how samples are written, one module per output format.
 //! - [`load`]: training time: decode packed samples into batches (crops, epoch order, prefetch).
 //! - [`cluster`]: one plan packed on many machines: [`cluster::split`] cuts the plan into parts,
 //!   [`cluster::part`] packs one, [`cluster::merge`] joins them (one module per format).
-//! - [`store`]: object storage (`s3://bucket/prefix/`): locations, settings, typed errors,
-//!   streamed multipart uploads.
+//! - [`store`]: writing to object storage (`s3://bucket/prefix/`): streamed multipart uploads,
+//!   puts and deletes, on the reader crate's client (`imgpack_reader::store`: locations,
+//!   settings, typed errors).
 //! - [`verify`](mod@verify): `pack verify`, one module per format.
 //! - [`inspect`]: `pack info` and `pack ls`, what a dataset holds.
 //! - [`bench`](mod@bench): `pack bench-read`, random-read latency of trees and packed datasets.
