@@ -66,6 +66,16 @@ pub fn disk_usage(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// The bytes an unprivileged writer can still put on the file system holding `dir`
+/// (`statvfs`'s `f_bavail`), or `None` if it cannot be asked.
+pub fn free_space(dir: &Path) -> Option<u64> {
+    let path = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str())).ok()?;
+    // SAFETY: statvfs fills the zeroed struct for a NUL-terminated path.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statvfs(path.as_ptr(), &mut stat) } == 0)
+        .then(|| stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
 /// Replaces the file at `path` with `bytes` atomically and durably: written beside it under its
 /// temporary name ([`temp_path`]), synced, renamed over it, and the directory synced.
 pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -505,15 +505,7 @@ fn short_write_cause(dir: &Path) -> Option<i32> {
     {
         return Some(libc::EFBIG);
     }
-    let path = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str())).ok()?;
-    // SAFETY: statvfs fills the zeroed struct for a NUL-terminated path.
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } == 0
-        && stat.f_bavail.saturating_mul(stat.f_frsize) < 2 * TXN_BYTES
-    {
-        return Some(libc::ENOSPC);
-    }
-    None
+    (crate::fs::free_space(dir)? < 2 * TXN_BYTES).then_some(libc::ENOSPC)
 }
 
 #[cfg(test)]

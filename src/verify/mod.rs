@@ -150,7 +150,12 @@ pub fn verify(path: &Path, options: &VerifyOptions, progress: &dyn Progress) -> 
         if !listed.contains_key(META_FILE) {
             return Err(imgpack_reader::webdataset::not_a_stored_dataset(&url, listed.len()).into());
         }
-        progress.length(listed.iter().filter(|(name, _)| name.ends_with(".tar")).map(|(_, size)| size).sum());
+        let shards: Vec<u64> =
+            listed.iter().filter(|(name, _)| name.ends_with(".tar")).map(|(_, size)| *size).collect();
+        let at_once = options.threads.get().min(shards.len()) as u64;
+        let need = at_once.saturating_mul(shards.iter().copied().max().unwrap_or(0));
+        check_room(&std::env::temp_dir(), need, crate::fs::free_space(&std::env::temp_dir()))?;
+        progress.length(shards.iter().sum());
         let files = webdataset::Files::Store { store, listed };
         pool.install(|| webdataset::check(&files, options, &mut verified, progress));
         verified.seconds = started.elapsed().as_secs_f64();
@@ -169,6 +174,20 @@ pub fn verify(path: &Path, options: &VerifyOptions, progress: &dyn Progress) -> 
     verified.seconds = started.elapsed().as_secs_f64();
     progress.finish();
     Ok(verified)
+}
+
+/// Refuses to verify a stored dataset when `dir` (the temporary directory its shards are
+/// downloaded to, one per thread at a time) has less than `need` bytes `free`.
+fn check_room(dir: &Path, need: u64, free: Option<u64>) -> Result<()> {
+    match free {
+        Some(free) if free < need => Err(Error::Usage(format!(
+            "{}: {} free, but checking a stored dataset downloads up to {} at once (one shard per --threads); free space, point TMPDIR at a larger disk, or pass fewer --threads",
+            dir.display(),
+            crate::size::human_bytes(free),
+            crate::size::human_bytes(need)
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The bytes [`verify`] reads from the dataset at `path` (for progress), or 0 if unknown.
@@ -345,5 +364,21 @@ pub(crate) mod testing {
     pub fn find(file: &Path, needle: &[u8]) -> usize {
         let bytes = std::fs::read(file).unwrap();
         bytes.windows(needle.len()).position(|w| w == needle).expect("the bytes are in the file")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn too_little_room_for_the_downloads_is_refused_saying_what_to_do() {
+        let dir = Path::new("/tmp");
+        let err = check_room(dir, 2_000_000_000, Some(1_000_000)).unwrap_err().to_string();
+        assert!(err.starts_with("/tmp: 1.0 MB free") && err.contains("2.0 GB at once"), "{err}");
+        assert!(err.contains("TMPDIR") && err.contains("--threads"), "{err}");
+        assert!(check_room(dir, 10, Some(10)).is_ok());
+        assert!(check_room(dir, 10, None).is_ok(), "unknown free space is not a reason to refuse");
+        assert!(crate::fs::free_space(&std::env::temp_dir()).is_some_and(|free| free > 0));
     }
 }
