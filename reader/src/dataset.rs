@@ -44,12 +44,10 @@ pub fn detect(path: &Path) -> Option<Kind> {
 /// or `AWS_ENDPOINT_URL` names (else AWS); [`crate::webdataset::RemoteWebDataset::open`] takes
 /// the endpoint as an argument.
 pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
-    let path = path.as_ref();
     #[cfg(feature = "s3")]
-    if let Some(url) = path.to_str().filter(|p| crate::store::is_store_url(p)) {
-        return crate::webdataset::RemoteWebDataset::open(url, None).map(Dataset::Remote);
-    }
-    open_local(path)
+    return open_with_endpoint(path, None);
+    #[cfg(not(feature = "s3"))]
+    open_local(path.as_ref())
 }
 
 /// Opens the dataset at `path` as [`open`] does; an `s3://` one at `endpoint` when given

@@ -127,20 +127,12 @@ impl PackConfig {
     /// The store location of an `s3://` source (a WebDataset `pack` stored there), or `None`
     /// for a local one.
     pub fn store_source(&self) -> Result<Option<crate::store::StoreUrl>> {
-        let text = self.source.to_string_lossy();
-        if !crate::store::is_store_url(&text) {
-            return Ok(None);
-        }
-        Ok(Some(crate::store::StoreUrl::parse(&text)?))
+        Ok(crate::store::StoreUrl::of_path(&self.source)?)
     }
 
     /// The store location of an `s3://` output, or `None` for a local one.
     pub fn store_output(&self) -> Result<Option<crate::store::StoreUrl>> {
-        let text = self.output.to_string_lossy();
-        if !crate::store::is_store_url(&text) {
-            return Ok(None);
-        }
-        Ok(Some(crate::store::StoreUrl::parse(&text)?))
+        Ok(crate::store::StoreUrl::of_path(&self.output)?)
     }
 
     /// Parses a `--extensions` list: comma-separated, with or without dots, any case.

@@ -152,7 +152,7 @@ fn store_source(
     let listed = store.list_sizes()?;
     let dataset = listed.iter().any(|(name, _)| name == imgpack_reader::webdataset::META_FILE);
     if dataset && config.source_kind == SourceKind::Detect {
-        let remote = imgpack_reader::webdataset::RemoteWebDataset::open_store(store)?;
+        let remote = imgpack_reader::webdataset::RemoteWebDataset::open_listed(store, listed)?;
         let packed = PackedDataset::of(imgpack_reader::Dataset::Remote(remote), &config.source);
         refuse_decoded(config, &packed)?;
         return Ok((Box::new(packed), imgpack_reader::webdataset::FORMAT_NAME));

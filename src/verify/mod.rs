@@ -143,8 +143,7 @@ pub fn verify(path: &Path, options: &VerifyOptions, progress: &dyn Progress) -> 
         });
     }
     let mut verified = Verified::new(path, options.decode);
-    if let Some(url) = path.to_str().filter(|p| crate::store::is_store_url(p)) {
-        let url = crate::store::StoreUrl::parse(url)?;
+    if let Some(url) = crate::store::StoreUrl::of_path(path)? {
         let store = imgpack_reader::store::Store::open(&url, options.endpoint.as_deref())?;
         let listed: std::collections::BTreeMap<String, u64> = store.list_sizes()?.into_iter().collect();
         if !listed.contains_key(META_FILE) {

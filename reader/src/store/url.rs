@@ -28,6 +28,15 @@ pub fn is_store_url(text: &str) -> bool {
 }
 
 impl StoreUrl {
+    /// The store location `path` is written as, or `None` for a local path; an `s3://` path
+    /// that is not a valid location is an error ([`StoreUrl::parse`]).
+    pub fn of_path(path: &std::path::Path) -> Result<Option<StoreUrl>> {
+        match path.to_str().filter(|text| is_store_url(text)) {
+            Some(text) => StoreUrl::parse(text).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Parses `s3://bucket/prefix/`, refusing what S3 would refuse or read differently: an
     /// invalid bucket name, and empty, `.` or `..` segments in the prefix.
     pub fn parse(text: &str) -> Result<StoreUrl> {

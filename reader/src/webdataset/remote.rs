@@ -63,9 +63,16 @@ impl RemoteWebDataset {
 
     /// Opens the WebDataset under `store`'s prefix.
     pub fn open_store(store: Store) -> Result<RemoteWebDataset> {
+        let listed = store.list_sizes()?;
+        RemoteWebDataset::open_listed(store, listed)
+    }
+
+    /// Opens the WebDataset under `store`'s prefix, whose objects (name and size) `listed`
+    /// gives: for a caller that has listed the prefix already ([`Store::list_sizes`]).
+    pub fn open_listed(store: Store, listed: Vec<(String, u64)>) -> Result<RemoteWebDataset> {
         let path: Arc<Path> = Arc::from(Path::new(&store.url().to_string()));
         let not_dataset = |reason: String| Error::NotADataset { path: path.to_path_buf(), reason };
-        let listed: HashMap<String, u64> = store.list_sizes()?.into_iter().collect();
+        let listed: HashMap<String, u64> = listed.into_iter().collect();
         if !listed.contains_key(META_FILE) {
             return Err(not_a_dataset(store.url(), listed.len()));
         }
@@ -147,7 +154,7 @@ impl RemoteWebDataset {
     /// range lie inside the shard's recorded size.
     pub fn get(&self, index: u64) -> Result<Sample<'static>> {
         let (shard, range) = self.locate(index)?;
-        let bytes = self.store.get_range(shard, range)?;
+        let bytes = self.store.get_range(&shard.name, range)?;
         self.sample(index, &bytes)
     }
 
@@ -155,7 +162,7 @@ impl RemoteWebDataset {
     /// GET, unparsed: what [`Self::get`] reads, for measuring the store.
     pub fn read_range(&self, index: u64) -> Result<Vec<u8>> {
         let (shard, range) = self.locate(index)?;
-        self.store.get_range(shard, range)
+        self.store.get_range(&shard.name, range)
     }
 
     /// Every sample in order, streamed shard by shard: one GET per shard, and only the sample
@@ -172,7 +179,7 @@ impl RemoteWebDataset {
     }
 
     /// The shard and byte range of sample `index`, checked against the shard's size.
-    fn locate(&self, index: u64) -> Result<(&str, std::ops::Range<u64>)> {
+    fn locate(&self, index: u64) -> Result<(&crate::ShardInfo, std::ops::Range<u64>)> {
         let entry = self.entry(index)?;
         let damaged = |reason: String| Error::BadSample {
             path: self.path.to_path_buf(),
@@ -191,7 +198,7 @@ impl RemoteWebDataset {
             .ok_or_else(|| {
                 damaged(format!("index range {}+{} lies outside the shard", entry.offset, entry.len))
             })?;
-        Ok((&shard.name, range))
+        Ok((shard, range))
     }
 
     /// Sample `index` from `bytes`, its stored byte range: checked, parsed and copied out.
@@ -245,14 +252,13 @@ struct OpenShard {
 
 impl RemoteSamples<'_> {
     fn read(&mut self, index: u64) -> Result<Sample<'static>> {
-        let (name, range) = self.dataset.locate(index)?;
-        let reuse = self.open.as_ref().is_some_and(|open| open.name == name && open.start <= range.start);
+        let (shard, range) = self.dataset.locate(index)?;
+        let reuse =
+            self.open.as_ref().is_some_and(|open| open.name == shard.name && open.start <= range.start);
         if !reuse {
-            let size =
-                self.dataset.meta.shards.iter().find(|s| s.name == name).map_or(range.end, |s| s.bytes);
-            let chunks = self.dataset.store.stream(name, range.start..size)?;
+            let chunks = self.dataset.store.stream(&shard.name, range.start..shard.bytes)?;
             self.open =
-                Some(OpenShard { name: name.to_string(), chunks, buf: Vec::new(), start: range.start });
+                Some(OpenShard { name: shard.name.clone(), chunks, buf: Vec::new(), start: range.start });
         }
         let open = self.open.as_mut().expect("opened above");
         // Skip what lies before the sample (nothing, in a dataset `pack` wrote), then gather it.
