@@ -134,7 +134,8 @@ pub enum Error {
 fn interrupted(temp: &std::path::Path, kept: Option<u64>) -> String {
     match kept {
         Some(packed) => format!(
-            "interrupted: {packed} samples are safely on disk in {}; run the same command with --resume to continue",
+            "interrupted: {packed} samples are safely {} {}; run the same command with --resume to continue",
+            if crate::store::is_store_url(&temp.to_string_lossy()) { "stored under" } else { "on disk in" },
             temp.display()
         ),
         None => "interrupted before the first checkpoint: nothing was kept or published; run the same command again".into(),

@@ -35,7 +35,6 @@ fn what_a_store_cannot_take_yet_is_refused_before_any_request() {
     for (args, expected) in [
         (vec!["--to", "lmdb"], "--to lmdb is not supported for object storage yet"),
         (vec!["--to", "imagefolder"], "--to imagefolder is not supported for object storage yet"),
-        (vec!["--to", "webdataset", "--resume"], "--resume is not supported for object storage yet"),
     ] {
         let mut cmd =
             pack_to_store(&[&tree, &"-o", &"s3://my-bucket/train/", &"--endpoint", &endpoint, &"-q"]);

@@ -563,7 +563,8 @@ pub struct PackArgs {
     /// starting over.
     ///
     /// A run keeps its progress beside OUT (in .OUT.imgpack-tmp): finished shards, or LMDB
-    /// batches synced every 256 MiB. --resume keeps them as they are and writes the rest; the
+    /// batches synced every 256 MiB; in a store (-o s3://...), the uploaded shards and
+    /// PREFIX/imgpack-resume/. --resume keeps them as they are and writes the rest; the
     /// result is byte for byte what an uninterrupted run writes. It refuses if the options or
     /// the source changed (files added, removed or modified) and says what changed.
     #[arg(long)]

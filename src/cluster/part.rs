@@ -42,15 +42,34 @@ pub fn prepare(config: &PackConfig, planned: &mut PackConfig, plan: &Plan, part:
         ));
     }
     let info = info(part, plan, plan_digest(&config.source)?);
-    std::fs::create_dir_all(&config.output).map_err(Error::io(&config.output))?;
+    let store = match crate::store::StoreUrl::of_path(&config.output)? {
+        Some(url) => Some(imgpack_reader::store::Store::open(&url, config.endpoint.as_deref())?),
+        None => {
+            std::fs::create_dir_all(&config.output).map_err(Error::io(&config.output))?;
+            None
+        }
+    };
     planned.output = part_path(&config.output, part);
+    let part_meta = |store: &imgpack_reader::store::Store| -> Result<Option<Meta>> {
+        let name = format!("{}/{}", part.dir_name(), imgpack_reader::webdataset::META_FILE);
+        let raw = store.get_if_exists(&name)?;
+        raw.map(|raw| parse_meta(&planned.output, &raw, imgpack_reader::webdataset::FORMAT_NAME)).transpose()
+    };
     if !config.overwrite {
         let options = planned.recorded_options();
-        if let Some(meta) = already_packed(&planned.output, &info, &options)? {
+        let meta = match &store {
+            Some(store) => part_meta(store)?,
+            None => read_meta(&planned.output)?,
+        };
+        if let Some(meta) = already_packed(&planned.output, meta, &info, &options)? {
             return Ok(PartRun::Done(Box::new(Report::already_packed(&planned.output, &meta))));
         }
     }
-    if imgpack_reader::detect(&config.output).is_some() {
+    let merged = match &store {
+        Some(store) => store.get_if_exists(imgpack_reader::webdataset::META_FILE)?.is_some(),
+        None => imgpack_reader::detect(&config.output).is_some(),
+    };
+    if merged {
         return Err(Error::Usage(format!(
             "{}: already holds the dataset merged from its parts, and re-packing part {}/{} would not change it; to rebuild, remove the merged files first (webdataset: imgpack.json, imgpack.index, shardindex.json; lmdb: data.mdb, lock.mdb — merge deleted the lmdb parts unless --keep-parts, so re-pack them all), then merge again",
             config.output.display(),
@@ -99,7 +118,6 @@ pub fn info(part: Part, plan: &Plan, digest: String) -> PartInfo {
 /// format and version, but a part's metadata, which [`Meta::unreadable`] refuses, is what it
 /// must be. `None` if `dir` holds no finished output.
 pub fn read_meta(dir: &Path) -> Result<Option<Meta>> {
-    let bad = |reason: String| Error::BadSource { path: dir.to_path_buf(), reason };
     let (raw, format) = if dir.join("data.mdb").is_file() {
         (read_lmdb_meta(dir)?, imgpack_reader::lmdb::FORMAT_NAME)
     } else {
@@ -111,12 +129,18 @@ pub fn read_meta(dir: &Path) -> Result<Option<Meta>> {
         }
     };
     let Some(raw) = raw else { return Ok(None) };
+    parse_meta(dir, &raw, format).map(Some)
+}
+
+/// The metadata `raw` of the part at `dir`, of `format`, checked as [`read_meta`] says.
+fn parse_meta(dir: &Path, raw: &[u8], format: &str) -> Result<Meta> {
+    let bad = |reason: String| Error::BadSource { path: dir.to_path_buf(), reason };
     let meta: Meta =
-        serde_json::from_slice(&raw).map_err(|e| bad(format!("its metadata does not parse: {e}")))?;
+        serde_json::from_slice(raw).map_err(|e| bad(format!("its metadata does not parse: {e}")))?;
     if let Some(reason) = meta.unreadable_part(format) {
         return Err(bad(reason));
     }
-    Ok(Some(meta))
+    Ok(meta)
 }
 
 /// Opens the LMDB environment of the finished part in `dir` to read it, through the one LMDB
@@ -145,10 +169,16 @@ fn read_lmdb_meta(dir: &Path) -> Result<Option<Vec<u8>>> {
     Ok(raw)
 }
 
-/// Whether the finished part at `dir` is the one this run would write: same plan, part,
-/// format and options. `Ok(Some(meta))` means there is nothing to do.
-pub fn already_packed(dir: &Path, expected: &PartInfo, options: &Options) -> Result<Option<Meta>> {
-    let Some(meta) = read_meta(dir)? else { return Ok(None) };
+/// Whether the finished part at `dir`, with metadata `meta` ([`read_meta`]; `None`: not
+/// finished), is the one this run would write: same plan, part, format and options.
+/// `Ok(Some(meta))` means there is nothing to do.
+pub fn already_packed(
+    dir: &Path,
+    meta: Option<Meta>,
+    expected: &PartInfo,
+    options: &Options,
+) -> Result<Option<Meta>> {
+    let Some(meta) = meta else { return Ok(None) };
     let part = meta.part.as_ref();
     let same = part
         .is_some_and(|p| p.plan == expected.plan && p.index == expected.index && p.count == expected.count)

@@ -221,12 +221,6 @@ impl PackConfig {
                 &format!("pack to a local directory and upload it (e.g. `aws s3 cp --recursive OUT {url}`), or pass --to webdataset"),
             );
         }
-        if self.resume {
-            return not_yet("--resume", "run the same command with --overwrite to start over");
-        }
-        if self.part.is_some() {
-            return not_yet("--part", "pack the parts to a shared directory and upload the merged dataset");
-        }
         Ok(())
     }
 

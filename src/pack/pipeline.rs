@@ -30,7 +30,7 @@ use crate::pack::config::{OnError, OutputFormat, PackConfig, SourceKind};
 use crate::pack::readahead::Readahead;
 use crate::pack::recorded::{Run, RunPart};
 use crate::pack::report::Report;
-use crate::pack::resume::{self, Journal, Ledger, Outcome};
+use crate::pack::resume::{self, Journal, Journals, Ledger, Outcome};
 use crate::pack::staged::Staged;
 use crate::progress::Progress;
 use crate::sink::imagefolder::{safe_relative, ImageFolderSink};
@@ -168,13 +168,23 @@ fn store_source(
 /// what differs.
 fn already_complete(config: &PackConfig, source_kind: &str, root: &str) -> Result<Option<Report>> {
     let output = &config.output;
-    if !config.resume || config.overwrite || imgpack_reader::detect(output).is_none() {
+    if !config.resume || config.overwrite {
         return Ok(None);
     }
-    if crate::fs::temp_path(output).exists() {
-        return Ok(None);
-    }
-    let meta = imgpack_reader::open(output)?.meta().clone();
+    let meta = if let Some(url) = config.store_output()? {
+        // In a store: a prefix holding imgpack.json; an interrupted run's leftovers beside it
+        // (killed while publishing) are only what publishing had not deleted yet.
+        let store = imgpack_reader::store::Store::open(&url, config.endpoint.as_deref())?;
+        if !store.list()?.iter().any(|n| n == imgpack_reader::webdataset::META_FILE) {
+            return Ok(None);
+        }
+        imgpack_reader::webdataset::parse_meta(output, &store.get(imgpack_reader::webdataset::META_FILE)?)?
+    } else {
+        if imgpack_reader::detect(output).is_none() || crate::fs::temp_path(output).exists() {
+            return Ok(None);
+        }
+        imgpack_reader::open(output)?.meta().clone()
+    };
     let mut differences = config.recorded_options().differences_from_recorded(&meta.options);
     if meta.source.root != root || meta.source.kind != source_kind {
         differences.insert(
@@ -294,18 +304,11 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         options: config.recorded_options(),
         part: part.as_ref().map(|p| RunPart { index: p.index, count: p.count, plan: p.plan.clone() }),
     };
-    let store = config.store_output()?;
-    let (mut sink, mut ledger): (Box<dyn Sink>, Ledger) = match (&config.format, store) {
-        // `validate` let only WebDataset through to a store, without --resume or --part.
-        (OutputFormat::WebDataset { prefix, limits, md5 }, Some(url)) => {
-            bar.message("checking the store");
-            let store = crate::store::Store::open(&url, config.endpoint.as_deref())?;
-            let sink = WebDatasetSink::to_store(store, config.overwrite, prefix, *limits, *md5)?;
-            (Box::new(sink), Ledger::default())
-        }
-        (OutputFormat::ImageFolder, _) => (
+    let (mut sink, mut ledger, journals): (Box<dyn Sink>, Ledger, Option<Journals>) = match &config.format {
+        OutputFormat::ImageFolder => (
             Box::new(ImageFolderSink::create(&config.output, config.overwrite, &listing.classes)?),
             Ledger::default(),
+            None,
         ),
         _ => {
             bar.message("checking the source");
@@ -316,24 +319,25 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
             let stamped: u64 = stamps.total_size();
             let hint = total_bytes.max(stamped);
             let keys = (first_key, width);
-            let opened = open_resumable(config, &listing, &stamps, &run, keys, hint, &mut report)?;
-            bar.position(opened.1.total().position);
-            opened
+            if config.store_output()?.is_some() {
+                bar.message("checking the store");
+            }
+            let (sink, ledger, journals) =
+                open_resumable(config, &listing, &stamps, &run, keys, hint, &mut report)?;
+            bar.position(ledger.total().position);
+            (sink, ledger, Some(journals))
         }
     };
-    let temp = crate::fs::temp_path(&config.output);
     let checkpoint = |sink: &mut Box<dyn Sink>, ledger: &mut Ledger, now: bool| -> Result<()> {
-        if let Some(durable) = sink.checkpoint(now)? {
-            let progress = ledger.checkpoint(durable.samples, durable.shards).clone();
-            Journal { run: run.clone(), found, progress }.write(&temp)?;
+        if let (Some(durable), Some(journals)) = (sink.checkpoint(now)?, &journals) {
+            let progress = ledger.checkpoint(durable).clone();
+            journals.write(&Journal { run: run.clone(), found, progress })?;
         }
         Ok(())
     };
 
     let unpacking = config.format == OutputFormat::ImageFolder;
     let to_store = config.store_output()?.is_some();
-    // A tree has no checkpoints, nor (yet) a store output.
-    let resumable = !unpacking && !to_store;
     let start = usize::try_from(ledger.total().position).unwrap_or(usize::MAX).min(listing.samples.len());
     let mut chunker = Chunker::with_budget(config.checkpoint_bytes);
     let (tx, rx) = mpsc::sync_channel::<Vec<Result<(Image, u32), String>>>(1);
@@ -445,14 +449,13 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     if crate::interrupt::requested() {
         // Never publish what an interrupted run wrote. An unpacked tree has no checkpoints:
         // dropping the sink removes its temporary.
-        let kept = if !resumable {
-            None
-        } else {
-            bar.message("saving a checkpoint");
-            checkpoint(&mut sink, &mut ledger, true)?;
-            Journal::read(&temp)?.map(|j| j.progress.packed)
+        let Some(journals) = &journals else {
+            return Err(Error::Interrupted { temp: crate::fs::temp_path(&config.output), kept: None });
         };
-        return Err(Error::Interrupted { temp, kept });
+        bar.message("saving a checkpoint");
+        checkpoint(&mut sink, &mut ledger, true)?;
+        let kept = journals.read()?.map(|j| j.progress.packed);
+        return Err(Error::Interrupted { temp: journals.place(), kept });
     }
     written?;
 
@@ -501,10 +504,35 @@ fn rate_text(files: u64, bytes: u64, elapsed: std::time::Duration) -> String {
     format!("{:.0} files/s, {:.1} MB/s", files as f64 / secs, bytes as f64 / 1e6 / secs)
 }
 
+/// Where a resumable run writes: a staged directory, or a store prefix.
+enum Staging {
+    Dir(Staged),
+    Store(crate::store::Store),
+}
+
+/// Prepares the output of a resumable run ([`resume::stage`], [`resume::stage_store`]):
+/// returns where it goes, where its journals are kept, the interrupted run's journal to
+/// continue (with `resume`), and whether an interrupted run's work was discarded.
+fn stage(config: &PackConfig, resume: bool) -> Result<(Staging, Journals, Option<Journal>, bool)> {
+    match config.store_output()? {
+        Some(url) => {
+            let store = crate::store::Store::open(&url, config.endpoint.as_deref())?;
+            let (journals, journal, discarded) =
+                resume::stage_store(store.clone(), config.overwrite, resume)?;
+            Ok((Staging::Store(store), journals, journal, discarded))
+        }
+        None => {
+            let (staged, journal, discarded) = resume::stage(&config.output, config.overwrite, resume)?;
+            let journals = Journals::Dir(staged.path().to_path_buf());
+            Ok((Staging::Dir(staged), journals, journal, discarded))
+        }
+    }
+}
+
 /// Opens an LMDB or WebDataset sink: with `--resume` and a checkpoint left by an interrupted
 /// run of the same `run`, cut back to that checkpoint (after checking that the source has not
 /// changed since); otherwise fresh, with the listing saved for a later `--resume`. Returns the
-/// sink and the ledger to continue.
+/// sink, the ledger to continue and where the run's journals go.
 fn open_resumable(
     config: &PackConfig,
     listing: &Listing,
@@ -513,43 +541,55 @@ fn open_resumable(
     (first_key, key_width): (u64, usize),
     total_bytes: u64,
     report: &mut Report,
-) -> Result<(Box<dyn Sink>, Ledger)> {
-    let (staged, journal, discarded) = resume::stage(&config.output, config.overwrite, config.resume)?;
+) -> Result<(Box<dyn Sink>, Ledger, Journals)> {
+    let (staging, journals, journal, discarded) = stage(config, config.resume)?;
     // A part resumes by itself, whether or not there is anything to resume.
     if config.resume && journal.is_none() && config.part.is_none() {
         report.warnings.push(format!(
             "--resume: no checkpoint of an interrupted run was found in {}; packed from the start",
-            staged.path().display()
+            journals.place().display()
         ));
     }
     if discarded {
         report.warnings.push(format!(
             "discarded the unfinished run in {} (pass --resume to continue such a run instead)",
-            staged.path().display()
+            journals.place().display()
         ));
     }
     let shard_prefix = |prefix: &str| match config.part {
         Some(part) => imgpack_reader::part::shard_prefix(prefix, part.index, part.count),
         None => prefix.to_string(),
     };
-    let fresh = |staged: Staged| -> Result<(Box<dyn Sink>, Ledger)> {
-        resume::save_listing(staged.path(), listing, stamps)?;
-        let sink: Box<dyn Sink> = match &config.format {
-            OutputFormat::WebDataset { prefix, limits, md5 } => {
+    let fresh = |staging: Staging, journals: Journals| -> Result<(Box<dyn Sink>, Ledger, Journals)> {
+        journals.save_listing(listing, stamps)?;
+        let sink: Box<dyn Sink> = match (&config.format, staging) {
+            (OutputFormat::WebDataset { prefix, limits, md5 }, Staging::Dir(staged)) => {
                 Box::new(WebDatasetSink::start(staged, &shard_prefix(prefix), *limits, *md5)?)
             }
-            _ => Box::new(LmdbSink::start(staged, total_bytes, config.checkpoint_bytes)?),
+            (OutputFormat::WebDataset { prefix, limits, md5 }, Staging::Store(store)) => {
+                Box::new(WebDatasetSink::to_store(store, &shard_prefix(prefix), *limits, *md5)?)
+            }
+            (_, Staging::Dir(staged)) => {
+                Box::new(LmdbSink::start(staged, total_bytes, config.checkpoint_bytes)?)
+            }
+            // `validate` lets only WebDataset through to a store.
+            (_, Staging::Store(store)) => {
+                return Err(Error::Usage(format!(
+                    "{}: only --to webdataset can be written there",
+                    store.url()
+                )))
+            }
         };
-        Ok((sink, Ledger::default()))
+        Ok((sink, Ledger::default(), journals))
     };
-    let Some(journal) = journal else { return fresh(staged) };
+    let Some(journal) = journal else { return fresh(staging, journals) };
     let mismatch = if &journal.run != run {
         Some(format!(
             "the interrupted run was made differently: {}",
             run.differences(&journal.run).join(", ")
         ))
     } else {
-        resume::changes(staged.path(), listing, stamps)?
+        resume::changes(journals.dir(), listing, stamps)?
             .map(|changes| format!("the source changed since the interrupted run started: {changes}"))
     };
     if let Some(reason) = mismatch {
@@ -558,24 +598,33 @@ fn open_resumable(
         }
         // A part resumes without being asked to, so what cannot be resumed starts over.
         report.warnings.push(format!("started the part over, as {reason}"));
-        drop(staged);
-        return fresh(resume::stage(&config.output, config.overwrite, false)?.0);
+        drop((staging, journals));
+        let (staging, journals, _, _) = stage(config, false)?;
+        return fresh(staging, journals);
     }
-    let durable = Durable { samples: journal.progress.packed, shards: journal.progress.shards.clone() };
-    let sink: Box<dyn Sink> = match &config.format {
-        OutputFormat::WebDataset { prefix, limits, md5 } => {
+    let progress = &journal.progress;
+    let durable =
+        Durable { samples: progress.packed, shards: progress.shards.clone(), etags: progress.etags.clone() };
+    let sink: Box<dyn Sink> = match (&config.format, staging) {
+        (OutputFormat::WebDataset { prefix, limits, md5 }, Staging::Dir(staged)) => {
             Box::new(WebDatasetSink::resume(staged, &shard_prefix(prefix), *limits, *md5, &durable)?)
         }
-        _ => Box::new(LmdbSink::resume(
+        (OutputFormat::WebDataset { prefix, limits, md5 }, Staging::Store(store)) => {
+            Box::new(WebDatasetSink::resume_in_store(store, &shard_prefix(prefix), *limits, *md5, &durable)?)
+        }
+        (_, Staging::Dir(staged)) => Box::new(LmdbSink::resume(
             staged,
             &durable,
             (first_key, key_width),
             total_bytes,
             config.checkpoint_bytes,
         )?),
+        (_, Staging::Store(store)) => {
+            return Err(Error::Usage(format!("{}: only --to webdataset can be written there", store.url())))
+        }
     };
     report.resumed = journal.progress.packed;
-    Ok((sink, Ledger::resume(journal.progress)))
+    Ok((sink, Ledger::resume(journal.progress), journals))
 }
 
 /// The planned samples a part skipped, by plan index.

@@ -17,6 +17,14 @@
 //!
 //! None of these files is published: [`stage`] marks them as scratch, which
 //! [`Staged::publish`] removes.
+//!
+//! **In an object store** there is no temporary directory to rename: a run writes under the
+//! output prefix itself (visibility is `imgpack.json`, written last: `sink::webdataset`), and
+//! keeps its journal and saved listing there too, under [`STORE_SCRATCH`]`/` — so a job that is
+//! re-run on another machine, as a cluster re-schedules a task, finds them. Each is written to a
+//! local copy first and then stored whole; a journal in the store always describes shards that
+//! are stored, since a shard counts as durable once its upload has completed. [`stage_store`]
+//! is [`stage`] for a prefix.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs;
@@ -28,8 +36,10 @@ use serde::{Deserialize, Serialize};
 use crate::pack::recorded::Run;
 use crate::pack::report::Skipped;
 use crate::pack::staged::Staged;
+use crate::sink::Durable;
 use crate::source::plan::{self, Header, ListingPlan, Planned};
 use crate::source::{Listing, Samples, Source, Stamp, Stamps};
+use crate::store::Store;
 use crate::{Error, Result};
 
 /// The journal file in the temporary directory.
@@ -39,6 +49,18 @@ pub const LISTING_FILE: &str = "imgpack-resume.listing.zst";
 /// The next journal, before it replaces the last one: the temporary name
 /// [`crate::fs::replace_file`] gives it.
 const JOURNAL_TEMP: &str = ".imgpack-resume.json.imgpack-tmp";
+/// Where a run writing to a store keeps, under its output prefix, what a local run keeps in its
+/// temporary directory: the journal, the saved listing, the record of its open uploads and the
+/// WebDataset sink's per-shard index pieces. Removed once the dataset is published.
+pub const STORE_SCRATCH: &str = "imgpack-resume";
+/// The record of the uploads a run to a store has open ([`crate::store::Store::record_uploads`]).
+pub const UPLOADS_RECORD: &str = "imgpack-resume/uploads.json";
+
+/// The object under a store prefix that holds the scratch file `name`.
+pub fn store_scratch(name: &str) -> String {
+    format!("{STORE_SCRATCH}/{name}")
+}
+
 /// Every file this module leaves in a temporary directory for resuming (scratch: removed before
 /// publishing). A sink may add its own (the LMDB sink's checksums).
 pub const FILES: [&str; 3] = [JOURNAL_FILE, LISTING_FILE, JOURNAL_TEMP];
@@ -66,6 +88,111 @@ pub fn stage(target: &Path, overwrite: bool, resume: bool) -> Result<(Staged, Op
     Ok((staged, journal, discarded))
 }
 
+/// Where a resumable run keeps its journal and saved listing.
+#[derive(Debug)]
+pub enum Journals {
+    /// In the run's temporary directory.
+    Dir(PathBuf),
+    /// Under the output prefix's [`STORE_SCRATCH`], each stored from a local copy in `dir`.
+    Store {
+        /// The output prefix.
+        store: Store,
+        /// The local copies.
+        dir: tempfile::TempDir,
+    },
+}
+
+impl Journals {
+    /// The local directory holding the journal and the listing.
+    pub fn dir(&self) -> &Path {
+        match self {
+            Journals::Dir(dir) => dir,
+            Journals::Store { dir, .. } => dir.path(),
+        }
+    }
+
+    /// Where the work is kept, as messages name it: the temporary directory or the prefix.
+    pub fn place(&self) -> PathBuf {
+        match self {
+            Journals::Dir(dir) => dir.clone(),
+            Journals::Store { store, .. } => PathBuf::from(store.url().to_string()),
+        }
+    }
+
+    /// Replaces the journal, atomically: on disk by a rename, in a store by one PUT.
+    pub fn write(&self, journal: &Journal) -> Result<()> {
+        journal.write(self.dir())?;
+        self.store_copy(JOURNAL_FILE)
+    }
+
+    /// The journal, if there is one.
+    pub fn read(&self) -> Result<Option<Journal>> {
+        Journal::read(self.dir())
+    }
+
+    /// Saves the listing ([`save_listing`]).
+    pub fn save_listing(&self, listing: &Listing, stamps: &Stamps) -> Result<()> {
+        save_listing(self.dir(), listing, stamps)?;
+        self.store_copy(LISTING_FILE)
+    }
+
+    /// Stores the local copy of `name`, when the journals live in a store.
+    fn store_copy(&self, name: &str) -> Result<()> {
+        let Journals::Store { store, dir } = self else { return Ok(()) };
+        let path = dir.path().join(name);
+        let bytes = fs::read(&path).map_err(Error::io(&path))?;
+        store.put(&store_scratch(name), bytes)
+    }
+}
+
+/// Prepares the prefix of a resumable run writing to `store`: [`stage`] for a store.
+///
+/// The prefix is what a run kept there: empty, a finished dataset (refused, unless
+/// `overwrite`), an interrupted run's work (objects under [`STORE_SCRATCH`] and no
+/// `imgpack.json`: kept with `resume` when it holds a journal, the journal and the listing
+/// fetched; else discarded, and the flag says so), or anything else (refused, unless
+/// `overwrite`). Whatever is kept or not, the uploads an interrupted run left open are aborted
+/// first. Cleared, `imgpack.json` goes first, so an old dataset stops being one before its
+/// shards go.
+pub fn stage_store(store: Store, overwrite: bool, resume: bool) -> Result<(Journals, Option<Journal>, bool)> {
+    use imgpack_reader::webdataset::META_FILE;
+    let mut names = store.list()?;
+    let dir = tempfile::Builder::new()
+        .prefix(".imgpack-resume-")
+        .tempdir()
+        .map_err(Error::io(std::env::temp_dir()))?;
+    let journals = Journals::Store { store: store.clone(), dir };
+    let dataset = names.iter().any(|n| n == META_FILE);
+    let scratch = format!("{STORE_SCRATCH}/");
+    let unfinished = !dataset && names.iter().any(|n| n.starts_with(&scratch));
+    if !overwrite && !unfinished && !names.is_empty() {
+        let (url, objects) = (store.url().to_string(), names.len());
+        return Err(Error::StoreOutputExists { url, objects, dataset });
+    }
+    if names.iter().any(|n| n == UPLOADS_RECORD) {
+        store.abort_recorded(UPLOADS_RECORD)?;
+    }
+    let journal_object = store_scratch(JOURNAL_FILE);
+    if unfinished && resume && !overwrite && names.contains(&journal_object) {
+        for name in [JOURNAL_FILE, LISTING_FILE] {
+            let object = store_scratch(name);
+            if names.contains(&object) {
+                let path = journals.dir().join(name);
+                fs::write(&path, store.read().get(&object)?).map_err(Error::io(&path))?;
+            }
+        }
+        let journal = journals.read()?;
+        return Ok((journals, journal, false));
+    }
+    let discarded = unfinished && names.contains(&journal_object);
+    if let Some(meta) = names.iter().position(|n| n == META_FILE) {
+        let meta = names.remove(meta);
+        names.insert(0, meta);
+    }
+    store.delete(&names)?;
+    Ok((journals, None, discarded))
+}
+
 /// How far a run got: everything needed to continue it and to report on it at the end.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
@@ -89,6 +216,9 @@ pub struct Progress {
     pub skipped: Vec<(u64, String)>,
     /// WebDataset: the finished, synced shards.
     pub shards: Vec<ShardInfo>,
+    /// WebDataset in a store: each stored shard's ETag, which a resumed run checks it by.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub etags: Vec<String>,
 }
 
 /// The journal: the run it belongs to and how far it got.
@@ -202,9 +332,10 @@ impl Ledger {
         self.durable.packed + self.pending_packed
     }
 
-    /// Folds outcomes into the durable totals until `packed` samples are durable, and returns
-    /// them (with `shards` as the sink says).
-    pub fn checkpoint(&mut self, packed: u64, shards: Vec<ShardInfo>) -> &Progress {
+    /// Folds outcomes into the durable totals until `durable.samples` are durable, and returns
+    /// them (with the shards as the sink says).
+    pub fn checkpoint(&mut self, durable: Durable) -> &Progress {
+        let Durable { samples: packed, shards, etags } = durable;
         while self.durable.packed < packed {
             let Some(pending) = self.pending.pop_front() else { break };
             if matches!(pending, Pending::Packed { .. }) {
@@ -216,6 +347,7 @@ impl Ledger {
             fold(&mut self.durable, outcome);
         }
         self.durable.shards = shards;
+        self.durable.etags = etags;
         &self.durable
     }
 
@@ -410,7 +542,7 @@ mod tests {
         ledger.record(packed(2));
         ledger.record(Outcome::Skipped { position: 3, reason: "bad".into() });
         ledger.record(packed(4));
-        let progress = ledger.checkpoint(2, Vec::new()).clone();
+        let progress = ledger.checkpoint(Durable { samples: 2, ..Durable::default() }).clone();
         assert_eq!((progress.position, progress.packed, progress.skipped.len()), (3, 2, 1));
         assert_eq!(progress.bytes_in, 20);
         // The skip after the durable samples is met again by a resumed run.
@@ -419,7 +551,7 @@ mod tests {
         assert_eq!(ledger.packed(), 3);
         assert_eq!(total.skipped, [(1, "bad".to_string()), (3, "bad".to_string())]);
         // The rest folds in order, names and reasons intact.
-        let rest = ledger.checkpoint(3, Vec::new()).clone();
+        let rest = ledger.checkpoint(Durable { samples: 3, ..Durable::default() }).clone();
         assert_eq!(rest, total);
         assert_eq!(rest.formats.get("jpg"), Some(&3));
         assert_eq!(std::mem::size_of::<Pending>(), 16, "what a shard's outcomes cost each");

@@ -382,7 +382,7 @@ impl Sink for LmdbSink {
             self.pending = Some(PendingSync { samples: self.sums.len(), handle });
             self.unsynced = 0;
         }
-        Ok(self.ready.take().map(|samples| Durable { samples: samples as u64, shards: Vec::new() }))
+        Ok(self.ready.take().map(|samples| Durable { samples: samples as u64, ..Durable::default() }))
     }
 
     fn finish(mut self: Box<Self>, meta: &Meta) -> Result<Finished> {

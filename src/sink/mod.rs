@@ -68,6 +68,8 @@ pub struct Durable {
     pub samples: u64,
     /// WebDataset: the finished and synced shards, with their MD5s.
     pub shards: Vec<ShardInfo>,
+    /// WebDataset in a store: the shards' ETags, in order.
+    pub etags: Vec<String>,
 }
 
 /// An output format.

@@ -52,6 +52,11 @@ impl Store {
         self.read.url()
     }
 
+    /// The reading side: gets, ranged gets, listings.
+    pub fn read(&self) -> &imgpack_reader::store::Store {
+        &self.read
+    }
+
     pub(crate) fn client(&self) -> &Arc<AmazonS3> {
         self.read.client()
     }

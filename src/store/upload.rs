@@ -10,13 +10,23 @@
 //!
 //! The object exists only once [`Upload::finish`] completes the upload. An upload dropped
 //! without finishing (an error, Ctrl-C) is aborted, so the store drops its parts; one whose
-//! process is killed is left incomplete in the store, invisible to readers, until the bucket's
-//! lifecycle rule (`AbortIncompleteMultipartUpload`) or a later abort removes it.
+//! process is killed is left incomplete in the store, invisible to readers (and billed). So a
+//! resumable run records the ids of the uploads it has open in the store itself
+//! ([`Store::record_uploads`]) before it sends their first part, and the next run on the prefix
+//! aborts them ([`Store::abort_recorded`]): `object_store` cannot list a bucket's unfinished
+//! uploads. Only a run killed in the instant between starting an upload and recording it leaves
+//! one for the bucket's lifecycle rule (`AbortIncompleteMultipartUpload`).
 
-use object_store::{ObjectStore, PutMultipartOptions, WriteMultipart};
+use std::collections::VecDeque;
+
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::path::Path as Key;
+use object_store::{MultipartId, ObjectStoreExt, PutPayload};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
 
 use super::Store;
-use crate::Result;
+use crate::{Error, Result};
 
 /// The size of a part, unless the object could need more than S3's 10,000 of them.
 pub const PART_BYTES: usize = 8 << 20;
@@ -38,15 +48,26 @@ fn part_size(max_bytes: u64) -> usize {
 }
 
 /// A multipart upload being written.
+///
+/// It is driven through `object_store`'s low-level [`MultipartStore`] API rather than its
+/// `WriteMultipart` helper because that one hides the upload's id, and a run that is killed
+/// can only have its upload aborted later by someone who knows the id
+/// ([`Store::record_upload`]).
 pub struct Upload {
     store: Store,
     name: String,
+    key: Key,
+    id: MultipartId,
     part_bytes: usize,
-    /// `None` once finished or aborted.
-    writer: Option<WriteMultipart>,
-    /// Bytes written into the part being filled.
-    filling: usize,
+    /// The part being filled.
+    part: Vec<u8>,
+    /// Parts on their way, in order.
+    sending: VecDeque<JoinHandle<object_store::Result<PartId>>>,
+    /// Parts stored, in order.
+    parts: Vec<PartId>,
     bytes: u64,
+    /// Completed: nothing to abort.
+    done: bool,
 }
 
 impl Upload {
@@ -54,33 +75,73 @@ impl Upload {
     pub(crate) fn start(store: Store, name: &str, max_bytes: u64) -> Result<Upload> {
         let part_bytes = part_size(max_bytes);
         let key = store.key(name);
-        let upload = store
+        let id = store
             .runtime()
-            .block_on(store.client().put_multipart_opts(&key, PutMultipartOptions::default()))
+            .block_on(store.client().create_multipart(&key))
             .map_err(store.error(name, "start the upload"))?;
-        let writer = WriteMultipart::new_with_chunk_size(upload, part_bytes);
-        Ok(Upload { store, name: name.to_string(), part_bytes, writer: Some(writer), filling: 0, bytes: 0 })
+        Ok(Upload {
+            store,
+            name: name.to_string(),
+            key,
+            id,
+            part_bytes,
+            part: Vec::new(),
+            sending: VecDeque::new(),
+            parts: Vec::new(),
+            bytes: 0,
+            done: false,
+        })
+    }
+
+    /// The store's id of this upload: what aborts it.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     /// Appends `bytes`; waits while [`IN_FLIGHT`] parts are still being sent.
     pub fn write(&mut self, mut bytes: &[u8]) -> Result<()> {
         while !bytes.is_empty() {
-            let take = bytes.len().min(self.part_bytes - self.filling);
-            let writer = self.writer.as_mut().expect("written only until finished");
-            if self.filling + take == self.part_bytes {
-                // This write completes a part and sends it: make room for it first.
-                self.store
-                    .runtime()
-                    .block_on(writer.wait_for_capacity(IN_FLIGHT - 1))
-                    .map_err(self.store.upload_error(&self.name, "upload"))?;
+            if self.part.capacity() == 0 {
+                self.part.reserve_exact(self.part_bytes);
             }
-            // Sending a full part spawns a task on the store's runtime.
-            let _entered = self.store.runtime().enter();
-            writer.write(&bytes[..take]);
-            self.filling = (self.filling + take) % self.part_bytes;
+            let take = bytes.len().min(self.part_bytes - self.part.len());
+            self.part.extend_from_slice(&bytes[..take]);
             self.bytes += take as u64;
             bytes = &bytes[take..];
+            if self.part.len() == self.part_bytes {
+                self.send()?;
+            }
         }
+        Ok(())
+    }
+
+    /// Sends the part filled so far on the store's runtime, once fewer than [`IN_FLIGHT`]
+    /// parts are on their way.
+    fn send(&mut self) -> Result<()> {
+        while self.sending.len() >= IN_FLIGHT {
+            self.land_one()?;
+        }
+        let payload = PutPayload::from(std::mem::take(&mut self.part));
+        let index = self.parts.len() + self.sending.len();
+        let (client, key, id) = (self.store.client().clone(), self.key.clone(), self.id.clone());
+        let task = async move { client.put_part(&key, &id, index, payload).await };
+        self.sending.push_back(self.store.runtime().spawn(task));
+        Ok(())
+    }
+
+    /// Waits for the oldest part on its way to be stored.
+    fn land_one(&mut self) -> Result<()> {
+        let Some(task) = self.sending.pop_front() else { return Ok(()) };
+        let landed = self.store.runtime().block_on(task).map_err(|e| {
+            Error::Reader(imgpack_reader::Error::Store {
+                url: self.store.url().object(&self.name),
+                operation: "upload",
+                endpoint: self.store.read.endpoint().to_string(),
+                reason: format!("the part's task ended without an answer ({e})"),
+            })
+        })?;
+        let part = landed.map_err(self.store.upload_error(&self.name, "upload"))?;
+        self.parts.push(part);
         Ok(())
     }
 
@@ -90,28 +151,87 @@ impl Upload {
     }
 
     /// Sends the last part, waits for every part and completes the upload: the object exists
-    /// when this returns.
-    pub fn finish(mut self) -> Result<()> {
-        let writer = self.writer.take().expect("finished once");
-        self.store
+    /// when this returns. Returns its ETag, if the store gave one.
+    pub fn finish(mut self) -> Result<Option<String>> {
+        // An empty object is one empty part: S3 completes no upload without parts.
+        if !self.part.is_empty() || self.parts.len() + self.sending.len() == 0 {
+            self.send()?;
+        }
+        while !self.sending.is_empty() {
+            self.land_one()?;
+        }
+        let parts = std::mem::take(&mut self.parts);
+        let completed = self
+            .store
             .runtime()
-            .block_on(writer.finish())
-            .map(drop)
-            .map_err(self.store.upload_error(&self.name, "upload"))
+            .block_on(self.store.client().complete_multipart(&self.key, &self.id, parts))
+            .map_err(self.store.upload_error(&self.name, "upload"))?;
+        self.done = true;
+        Ok(completed.e_tag)
     }
 }
 
 impl Drop for Upload {
     /// Aborts an unfinished upload, so the store does not keep its parts. Best effort: a store
-    /// that is gone cannot be told.
+    /// that is gone cannot be told (a later run aborts it: [`Store::abort_recorded`]).
     fn drop(&mut self) {
-        if let Some(writer) = self.writer.take() {
-            // The timer is made inside the runtime: it needs the runtime's clock.
-            let _ = self
-                .store
-                .runtime()
-                .block_on(async { tokio::time::timeout(ABORT_WAIT, writer.abort()).await });
+        if self.done {
+            return;
         }
+        self.sending.drain(..).for_each(|task| task.abort());
+        let (client, key, id) = (self.store.client(), &self.key, &self.id);
+        // The timer is made inside the runtime: it needs the runtime's clock.
+        let _ = self
+            .store
+            .runtime()
+            .block_on(async { tokio::time::timeout(ABORT_WAIT, client.abort_multipart(key, id)).await });
+    }
+}
+
+/// An upload in progress as a record names it: enough for a later run to abort it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Open {
+    /// The object being uploaded, relative to the prefix.
+    pub name: String,
+    /// The store's upload id.
+    pub id: String,
+}
+
+impl Store {
+    /// Writes `uploads`, the uploads a run has open, to object `record`, so that if the run is
+    /// killed (no drop aborts them then) a later run can abort them ([`Store::abort_recorded`]).
+    /// `object_store` cannot list a bucket's unfinished uploads, and S3 keeps them, billed and
+    /// invisible, until a lifecycle rule removes them; a record is how a run finds its own.
+    pub fn record_uploads(&self, record: &str, uploads: &[Open]) -> Result<()> {
+        self.put(record, crate::encoding::json_bytes(&uploads))
+    }
+
+    /// Aborts every upload object `record` names (an upload that has completed or was aborted
+    /// already is passed over), and returns how many were still open. A missing record names
+    /// none.
+    pub fn abort_recorded(&self, record: &str) -> Result<usize> {
+        let read = async { self.client().get(&self.key(record)).await?.bytes().await };
+        let raw = match self.runtime().block_on(read) {
+            Ok(raw) => raw,
+            Err(object_store::Error::NotFound { .. }) => return Ok(0),
+            Err(e) => return Err(self.error(record, "read")(e)),
+        };
+        let uploads: Vec<Open> = serde_json::from_slice(&raw).map_err(|e| Error::BadOutput {
+            path: self.url().object(record).into(),
+            reason: format!("the record of open uploads is unreadable ({e}); delete it and run again"),
+        })?;
+        let mut aborted = 0;
+        for open in uploads {
+            let key = self.key(&open.name);
+            match self.runtime().block_on(self.client().abort_multipart(&key, &open.id)) {
+                Ok(()) => aborted += 1,
+                Err(e) => match self.read.error(&open.name, "abort the upload")(e) {
+                    imgpack_reader::Error::StoreUploadAborted { .. } => {}
+                    other => return Err(other.into()),
+                },
+            }
+        }
+        Ok(aborted)
     }
 }
 

@@ -11,6 +11,7 @@ Run: PACK=$PWD/target/debug/pack ~/.cache/imgpack-venv/bin/python -m pytest test
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -274,27 +275,44 @@ def test_an_unreachable_endpoint_is_its_own_error_and_fails_fast(pack_bin, s3_se
 
 
 def test_what_is_not_supported_yet_is_refused_saying_so(pack_bin, s3_server, bucket):
-    for extra, what in [(["--to", "lmdb"], "--to lmdb"), (["--to", "webdataset", "--resume"], "--resume")]:
-        proc = run(pack_bin, s3_server.env(), IMAGEFOLDER, *extra, "-o", f"s3://{bucket}/x/", "-q")
-        assert proc.returncode == 2, proc.stderr
-        assert f"{what} is not supported for object storage yet" in proc.stderr
+    proc = run(pack_bin, s3_server.env(), IMAGEFOLDER, "--to", "lmdb", "-o", f"s3://{bucket}/x/", "-q")
+    assert proc.returncode == 2, proc.stderr
+    assert "--to lmdb is not supported for object storage yet" in proc.stderr
     assert objects(s3_server.client(), bucket) == {}
 
 
-def test_a_run_that_fails_removes_what_it_stored(pack_bin, s3_server, bucket, tmp_path):
+def scratch(names) -> list[str]:
+    return sorted(n for n in names if n.startswith("imgpack-resume/"))
+
+
+def test_a_run_that_fails_keeps_its_checkpoint_and_resumes_once_fixed(pack_bin, s3_server, bucket, tmp_path):
     # The bad file is in the last class, after the first chunk of 64 samples, and later chunks
     # are small (the hidden --checkpoint-bytes): shards of the first classes are stored by then.
     tree = big_tree(tmp_path / "tree", copies=6)
     copy_into(tree, {"zzz_last/truncated.jpg": BAD / "truncated.jpg"})
     url = f"s3://{bucket}/failed/"
     args = [tree, "--to", "webdataset", "-o", url, "--shard-samples", "3", "--on-error", "fail", "-q"]
-    args += ["--checkpoint-bytes", "32KiB"]
-    proc = run(pack_bin, s3_server.env(), *args)
+    proc = run(pack_bin, s3_server.env(), *args, "--checkpoint-bytes", "32KiB")
     assert proc.returncode == 1
     assert "truncated.jpg" in proc.stderr and "--on-error fail" in proc.stderr, proc.stderr
     client = s3_server.client()
-    assert objects(client, bucket, "failed/") == {}, "a failed run left objects under its prefix"
+    left = objects(client, bucket, "failed/")
+    assert META not in left and any(k.endswith(".tar") for k in left)
+    assert "imgpack-resume/imgpack-resume.json" in left, sorted(left)
     assert pending_uploads(client, bucket) == []
+    # Fixed, the run continues from its checkpoint and ends as a run that never failed.
+    (tree / "zzz_last" / "truncated.jpg").unlink()
+    # The listing changed: --resume says so rather than mixing two trees...
+    changed = run(pack_bin, s3_server.env(), *args, "--resume")
+    assert changed.returncode == 1 and "the source changed" in changed.stderr and "1 removed" in changed.stderr
+    # ...and a run without it discards the interrupted one, saying so, and starts over.
+    again = run(pack_bin, s3_server.env(), *args)
+    assert again.returncode == 0, again.stderr
+    assert f"discarded the unfinished run in {url}" in again.stderr
+    local = tmp_path / "local"
+    local_args = [tree, "--to", "webdataset", "--shard-samples", "3", "--on-error", "fail", "-o", local, "-q"]
+    assert run(pack_bin, s3_server.env(), *local_args).returncode == 0
+    assert objects(client, bucket, "failed/") == local_files(local)
 
 
 def start_pack(pack_bin: Path, env: dict, *args) -> subprocess.Popen:
@@ -306,6 +324,21 @@ def start_pack(pack_bin: Path, env: dict, *args) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+JOURNAL = "imgpack-resume/imgpack-resume.json"
+
+
+def wait_for_checkpoint(client, bucket: str, prefix: str, proc: subprocess.Popen) -> None:
+    """Waits until the run has stored its first journal under `prefix`: a checkpoint."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix + JOURNAL).get("Contents", [])
+        if listed:
+            return
+        assert proc.poll() is None, f"pack ended (exit {proc.returncode}) before its first checkpoint"
+        time.sleep(0.05)
+    pytest.fail("no checkpoint was stored within 120 s")
 
 
 def wait_for_shards(client, bucket: str, prefix: str, proc: subprocess.Popen, count: int) -> None:
@@ -320,30 +353,60 @@ def wait_for_shards(client, bucket: str, prefix: str, proc: subprocess.Popen, co
     pytest.fail("no shard was stored within 120 s")
 
 
-def test_a_killed_run_leaves_no_dataset_and_overwrite_starts_over(pack_bin, s3_server, bucket, tmp_path):
+def test_a_killed_run_leaves_no_dataset_and_resume_ends_as_an_uninterrupted_run(
+    pack_bin, s3_server, bucket, tmp_path
+):
     tree = big_tree(tmp_path / "tree", copies=12)
     env, client = s3_server.env(), s3_server.client()
     url = f"s3://{bucket}/killed/"
     args = [tree, "--to", "webdataset", "--shard-size", "256KiB", "-q", "--threads", "1"]
-    proc = start_pack(pack_bin, env, *args, "-o", url)
-    wait_for_shards(client, bucket, "killed/", proc, 2)
+    # Small chunks (the hidden --checkpoint-bytes), so checkpoints come while shards go up.
+    proc = start_pack(pack_bin, env, *args, "-o", url, "--checkpoint-bytes", "64KiB")
+    wait_for_checkpoint(client, bucket, "killed/", proc)
+    wait_for_shards(client, bucket, "killed/", proc, 3)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     left = objects(client, bucket, "killed/")
     assert any(k.endswith(".tar") for k in left), "the run was killed before it stored anything"
     assert META not in left, "a killed run left imgpack.json: its prefix looks like a complete dataset"
-    # What it left is not mistaken for nothing...
-    again = run(pack_bin, env, *args, "-o", url)
-    assert again.returncode == 1
-    # (The count is not compared: a request the server had whole may land after the kill.)
-    assert re.search(rf"{re.escape(url)}: already exists: holds \d+ objects \(but no imgpack.json", again.stderr)
-    assert "what a killed run left" in again.stderr and "--overwrite" in again.stderr
-    # ...and --overwrite starts over and ends as an uninterrupted run does.
-    over = run(pack_bin, env, *args, "-o", url, "--overwrite")
-    assert over.returncode == 0, over.stderr
+    assert JOURNAL in left, sorted(left)
+    # A reader refuses the prefix, naming what is missing.
+    ls = run(pack_bin, env, "info", url)
+    assert ls.returncode != 0 and "imgpack.json" in ls.stderr, ls.stderr
+    # --resume keeps the stored shards and ends object for object as an uninterrupted run, with
+    # the killed run's open upload aborted and nothing kept for resuming left behind.
+    resumed = run(pack_bin, env, *args, "-o", url, "--resume", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["resumed"] > 0, resumed.stdout
     local = tmp_path / "local"
     assert run(pack_bin, env, *args, "-o", local).returncode == 0
     assert objects(client, bucket, "killed/") == local_files(local)
+    assert pending_uploads(client, bucket) == []
+    # Resuming a finished dataset has nothing to do; without --resume it already exists.
+    again = run(pack_bin, env, *[a for a in args if a != "-q"], "-o", url, "--resume")
+    assert again.returncode == 0 and "nothing was written" in again.stdout, again.stdout
+    exists = run(pack_bin, env, *args, "-o", url)
+    assert exists.returncode == 1 and "already exists" in exists.stderr
+
+
+def test_a_resume_refuses_shards_replaced_behind_its_back(pack_bin, s3_server, bucket, tmp_path):
+    tree = big_tree(tmp_path / "tree", copies=12)
+    env, client = s3_server.env(), s3_server.client()
+    url = f"s3://{bucket}/replaced/"
+    args = [tree, "--to", "webdataset", "--shard-size", "256KiB", "-q", "--threads", "1", "-o", url]
+    proc = start_pack(pack_bin, env, *args)
+    wait_for_shards(client, bucket, "replaced/", proc, 3)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    key = "replaced/shard-000000.tar"
+    body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[700] ^= 0xFF  # same size, other bytes
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    proc = run(pack_bin, env, *args, "--resume")
+    assert proc.returncode == 1, proc.stderr
+    assert "shard-000000.tar has ETag" in proc.stderr and "it was replaced" in proc.stderr, proc.stderr
+    assert "run without --resume to start over" in proc.stderr
 
 
 def test_a_bucket_deleted_mid_run_stops_it_at_once_naming_the_bucket(pack_bin, s3_server, tmp_path):
@@ -415,7 +478,7 @@ def test_an_upload_aborted_by_someone_else_is_named_with_the_fix(pack_bin, s3_se
     assert META not in objects(client, bucket, "aborted/")
 
 
-def test_ctrl_c_stops_removes_what_it_stored_and_leaves_no_upload(pack_bin, s3_server, bucket, tmp_path):
+def test_ctrl_c_stops_at_a_checkpoint_leaves_no_upload_and_resumes(pack_bin, s3_server, bucket, tmp_path):
     tree = big_tree(tmp_path / "tree", copies=12)
     env, client = s3_server.env(), s3_server.client()
     url = f"s3://{bucket}/stopped/"
@@ -426,12 +489,58 @@ def test_ctrl_c_stops_removes_what_it_stored_and_leaves_no_upload(pack_bin, s3_s
     _, stderr = proc.communicate(timeout=120)
     print(stderr)
     assert proc.returncode == 130, stderr
-    assert "interrupted" in stderr
-    assert objects(client, bucket, "stopped/") == {}, "an interrupted run left objects under its prefix"
+    assert re.search(rf"interrupted: \d+ samples are safely stored under {re.escape(url)}; run the same command with --resume", stderr), stderr
+    left = objects(client, bucket, "stopped/")
+    assert META not in left and "imgpack-resume/imgpack-resume.json" in left
     assert pending_uploads(client, bucket) == [], "an interrupted run left a multipart upload"
-    # So the same command simply runs again.
-    assert run(pack_bin, env, *args).returncode == 0
-    assert META in objects(client, bucket, "stopped/")
+    resumed = run(pack_bin, env, *args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    local = tmp_path / "local"
+    assert run(pack_bin, env, *args[:-2], "-o", local).returncode == 0
+    assert objects(client, bucket, "stopped/") == local_files(local)
+
+
+def wait_until_readable(client, bucket: str, key: str) -> None:
+    """Waits until `key` reads back: a restarted SeaweedFS answers S3 requests a moment before
+    its volume server is back and serving data (InternalError until then)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            return
+        except botocore.exceptions.ClientError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_a_run_killed_with_the_store_resumes_once_it_is_back(pack_bin, tmp_path):
+    # The store and the machine go away together (the server killed mid-upload, then the run):
+    # once the store is back, --resume aborts the upload the run left open and continues.
+    server = server_module.start(tmp_path / "seaweedfs")
+    try:
+        client = server.client()
+        client.create_bucket(Bucket="crashed")
+        tree = big_tree(tmp_path / "tree", copies=12)
+        args = [tree, "--to", "webdataset", "--shard-size", "256KiB", "-q", "--threads", "1", "--md5"]
+        proc = start_pack(pack_bin, server.env(), *args, "-o", "s3://crashed/ds/", "--checkpoint-bytes", "64KiB")
+        wait_for_checkpoint(client, "crashed", "ds/", proc)
+        wait_for_shards(client, "crashed", "ds/", proc, 3)
+        server.kill()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        server.restart()
+        wait_until_readable(client, "crashed", "ds/" + JOURNAL)
+        assert META not in objects(client, "crashed", "ds/")
+        resumed = run(pack_bin, server.env(), *args, "-o", "s3://crashed/ds/", "--resume")
+        assert resumed.returncode == 0, resumed.stderr
+        local = tmp_path / "local"
+        assert run(pack_bin, server.env(), *args, "-o", local).returncode == 0
+        assert objects(client, "crashed", "ds/") == local_files(local)
+        assert pending_uploads(client, "crashed") == []
+    finally:
+        server.stop()
 
 
 def test_the_store_going_away_mid_upload_is_retried_until_it_is_back(pack_bin, tmp_path):
@@ -456,3 +565,32 @@ def test_the_store_going_away_mid_upload_is_retried_until_it_is_back(pack_bin, t
         assert pending_uploads(client, "restarted") == []
     finally:
         server.stop()
+
+
+def test_parts_of_a_plan_pack_into_the_store_as_into_a_directory(pack_bin, s3_server, bucket, tmp_path):
+    # A cluster job with no shared volume: each task packs its part straight into the store;
+    # a task killed mid-part and run again (as a scheduler re-queues it) continues it by itself.
+    tree = big_tree(tmp_path / "tree", copies=24)
+    env, client = s3_server.env(), s3_server.client()
+    plan = tmp_path / "train.plan"
+    assert run(pack_bin, env, "plan", tree, "-o", plan, "-q").returncode == 0
+    options = ["--to", "webdataset", "--shard-size", "256KiB", "-q", "--threads", "1"]
+    local = tmp_path / "parts"
+    for k in (0, 1, 2):
+        assert run(pack_bin, env, plan, "--part", f"{k}/3", *options, "-o", local).returncode == 0
+    url = f"s3://{bucket}/parts/"
+    proc = start_pack(pack_bin, env, plan, "--part", "1/3", *options, "-o", url, "--checkpoint-bytes", "64KiB")
+    wait_for_checkpoint(client, bucket, "parts/part-0001-of-0003/", proc)
+    wait_for_shards(client, bucket, "parts/part-0001-of-0003/", proc, 2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    for k in (0, 1, 2):
+        proc = run(pack_bin, env, plan, "--part", f"{k}/3", *options, "-o", url, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert (json.loads(proc.stdout)["resumed"] > 0) == (k == 1), proc.stdout
+    stored = objects(client, bucket, "parts/")
+    assert stored == local_files(local), sorted(set(stored) ^ set(local_files(local)))
+    assert pending_uploads(client, bucket) == []
+    # A finished part run again does nothing.
+    again = run(pack_bin, env, plan, "--part", "0/3", *[o for o in options if o != "-q"], "-o", url)
+    assert again.returncode == 0 and "nothing was done" in again.stdout + again.stderr, again.stderr

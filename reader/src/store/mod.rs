@@ -31,6 +31,18 @@ pub use url::{is_store_url, StoreUrl};
 
 use crate::{Error, Result};
 
+/// One object of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Its name, relative to the listed prefix.
+    pub name: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its ETag, the store's checksum of its content (for a multipart upload, of its parts),
+    /// if the store gives one.
+    pub e_tag: Option<String>,
+}
+
 /// A prefix in a bucket, with the clients and the runtime to reach it. Cheap to clone: clones
 /// share the clients and the runtime.
 #[derive(Clone)]
@@ -147,16 +159,45 @@ impl Store {
     /// The first request of a run: it retries only briefly, so wrong settings are reported at
     /// once.
     pub fn list_sizes(&self) -> Result<Vec<(String, u64)>> {
-        let prefix = (!self.url.prefix.is_empty()).then(|| raw_key(&self.url.prefix));
+        Ok(self.list_objects(None)?.into_iter().map(|o| (o.name, o.size)).collect())
+    }
+
+    /// Every object under the prefix (under `prefix/under/` when `under` is given), sorted by
+    /// name, with its size and ETag: what a resumed upload checks the objects it kept against.
+    /// Names are relative to the prefix either way. Retries only briefly, as
+    /// [`Store::list_sizes`].
+    pub fn list_objects(&self, under: Option<&str>) -> Result<Vec<Listed>> {
+        let full = match under {
+            Some(under) => self.url.key(under),
+            None => self.url.prefix.clone(),
+        };
+        let prefix = (!full.is_empty()).then(|| raw_key(&full));
         let listed: Vec<_> = self
             .runtime()
             .block_on(self.check.list(prefix.as_ref()).try_collect())
-            .map_err(self.error("", "list"))?;
+            .map_err(self.error(under.unwrap_or(""), "list"))?;
         let skip = if self.url.prefix.is_empty() { 0 } else { self.url.prefix.len() + 1 };
-        let mut names: Vec<(String, u64)> =
-            listed.into_iter().map(|meta| (meta.location.as_ref()[skip..].to_string(), meta.size)).collect();
-        names.sort();
-        Ok(names)
+        let mut objects: Vec<Listed> = listed
+            .into_iter()
+            .map(|meta| Listed {
+                name: meta.location.as_ref()[skip..].to_string(),
+                size: meta.size,
+                e_tag: meta.e_tag,
+            })
+            .collect();
+        objects.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(objects)
+    }
+
+    /// Object `name`, whole, in one request, or `None` if there is no such object: one request
+    /// where a listing would page through every object under the prefix.
+    pub fn get_if_exists(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let read = async { self.client.get(&self.key(name)).await?.bytes().await };
+        match self.runtime().block_on(read) {
+            Ok(bytes) => Ok(Some(Vec::from(bytes))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error(name, "read")(e)),
+        }
     }
 
     /// Object `name`, whole, in one request.

@@ -251,7 +251,7 @@ pub(crate) fn index_entry(path: &Path, index_bytes: &[u8], samples: u64, index: 
 }
 
 /// Parses the metadata `raw` of the dataset at `path` and checks that this reader can read it.
-pub(crate) fn parse_meta(path: &Path, raw: &[u8]) -> Result<Meta> {
+pub fn parse_meta(path: &Path, raw: &[u8]) -> Result<Meta> {
     let meta: Meta = serde_json::from_slice(raw)
         .map_err(|source| Error::BadMeta { path: path.join(META_FILE), source })?;
     if let Some(reason) = meta.unreadable(FORMAT_NAME) {

@@ -11,16 +11,26 @@
 //!   follows it, `imgpack.index` (whose header is rewritten at the end) is spooled to a local
 //!   temporary file and uploaded at the end, and `imgpack.json`, which readers and `pack
 //!   verify` require, goes last. A prefix without it is not a dataset.
+//!
+//!   To be resumable there, a run keeps under the prefix's `imgpack-resume/` (besides the
+//!   journal and listing: [`crate::pack::resume`]) the ids of the uploads it has open, so a
+//!   run that follows a killed one aborts them, and each closed shard's entries of
+//!   `imgpack.index` (`imgpack-resume/SHARD.index`, a few bytes per sample), since the spool is
+//!   local and may be lost with the machine. A resumed run checks each kept shard by its size
+//!   and ETag, and each piece against its shard's CRC-32, and rebuilds the spool from them.
+//!   Publishing removes `imgpack-resume/` after `imgpack.json` is stored.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use imgpack_reader::webdataset::{META_FILE, SAMPLE_INDEX_FILE};
+use imgpack_reader::webdataset::SAMPLE_INDEX_FILE;
 use md5::{Digest, Md5};
 
 use crate::encoding::hex;
+use crate::pack::resume::{self, STORE_SCRATCH, UPLOADS_RECORD};
 use crate::pack::staged::Staged;
+use crate::store::upload::Open;
 use crate::store::{Store, Upload};
 use crate::{Error, Result};
 
@@ -40,50 +50,68 @@ pub(super) enum Destination {
 }
 
 /// The objects a run stored under a prefix. A run that stops without publishing (an error,
-/// Ctrl-C) deletes them when this is dropped, as a staged directory is removed, so the same
-/// command can simply run again; a killed run leaves them, without `imgpack.json`.
+/// Ctrl-C) before its first checkpoint deletes them when this is dropped, with its journal
+/// files, as a staged directory is removed, so the same command can simply run again; after a
+/// checkpoint they are kept for `--resume`, as a killed run leaves them, without `imgpack.json`.
 pub(super) struct Stored {
     store: Store,
     names: Vec<String>,
+    /// A checkpoint was reported: what is stored is worth resuming.
+    pub(super) keep: bool,
     published: bool,
 }
 
 impl Drop for Stored {
     fn drop(&mut self) {
-        if !self.published && !self.names.is_empty() {
+        if !self.published && !self.keep {
+            let mut names = std::mem::take(&mut self.names);
+            names.extend(resume::FILES.iter().map(|name| resume::store_scratch(name)));
+            names.push(UPLOADS_RECORD.to_string());
             // Best effort: a failing run reports its own error, not this one.
-            let _ = self.store.delete_within(&self.names, std::time::Duration::from_secs(20));
+            let _ = self.store.delete_within(&names, std::time::Duration::from_secs(20));
         }
     }
 }
 
+/// The object holding shard `shard`'s entries of `imgpack.index` while a run to a store is
+/// unfinished.
+pub(super) fn index_piece(shard: &str) -> String {
+    format!("{STORE_SCRATCH}/{shard}.index")
+}
+
 impl Destination {
-    /// Prepares `store`'s prefix: refuses one that holds anything unless `overwrite`, in which
-    /// case what it holds is deleted, `imgpack.json` first (so the old dataset stops being one
-    /// before any of its objects goes).
-    pub(super) fn store(store: Store, overwrite: bool) -> Result<Destination> {
-        let mut names = store.list()?;
-        if !names.is_empty() {
-            if !overwrite {
-                let (url, objects) = (store.url().to_string(), names.len());
-                return Err(Error::StoreOutputExists {
-                    url,
-                    objects,
-                    dataset: names.iter().any(|n| n == META_FILE),
-                });
-            }
-            if let Some(meta) = names.iter().position(|n| n == META_FILE) {
-                let meta = names.remove(meta);
-                names.insert(0, meta);
-            }
-            store.delete(&names)?;
-        }
+    /// Writes under `store`'s prefix, which [`resume::stage_store`] has prepared. `kept`: the
+    /// objects an interrupted run stored that a resumed one keeps; they stay whatever happens.
+    pub(super) fn store(store: Store, kept: Option<Vec<String>>) -> Result<Destination> {
         let index = tempfile::Builder::new()
             .prefix(".imgpack-index-")
             .tempfile()
             .map_err(Error::io(std::env::temp_dir()))?;
-        let stored = Stored { store: store.clone(), names: Vec::new(), published: false };
+        let keep = kept.is_some();
+        let stored = Stored { store: store.clone(), names: kept.unwrap_or_default(), keep, published: false };
         Ok(Destination::Store { store, index, stored })
+    }
+
+    /// The store, when the output is in one.
+    pub(super) fn in_store(&self) -> Option<&Store> {
+        match self {
+            Destination::Dir(_) => None,
+            Destination::Store { store, .. } => Some(store),
+        }
+    }
+
+    /// Notes that object `name` was stored, to be removed if the run stops before a checkpoint.
+    pub(super) fn stored(&mut self, name: String) {
+        if let Destination::Store { stored, .. } = self {
+            stored.names.push(name);
+        }
+    }
+
+    /// Notes that a checkpoint was reported: a run to a store that stops now keeps its work.
+    pub(super) fn checkpointed(&mut self) {
+        if let Destination::Store { stored, .. } = self {
+            stored.keep = true;
+        }
     }
 
     /// The output as the user named it.
@@ -120,12 +148,6 @@ impl Destination {
         }
     }
 
-    /// Whether the output can be resumed from its checkpoints: a directory can; a store
-    /// prefix cannot yet.
-    pub(super) fn resumable(&self) -> bool {
-        matches!(self, Destination::Dir(_))
-    }
-
     /// Starts shard `name`, to hold at most `max_bytes`.
     pub(super) fn create_shard(&mut self, name: &str, max_bytes: u64, md5: bool) -> Result<ShardOut> {
         match self {
@@ -136,7 +158,8 @@ impl Destination {
             }
             Destination::Store { store, stored, .. } => {
                 stored.names.push(name.to_string());
-                Ok(ShardOut::Upload(Box::new(store.upload(name, max_bytes)?), md5.then(Md5::new)))
+                let upload = recorded_upload(store, name, max_bytes)?;
+                Ok(ShardOut::Upload(Box::new(upload), md5.then(Md5::new)))
             }
         }
     }
@@ -166,7 +189,7 @@ impl Destination {
         let path = index.path();
         let len = file.seek(SeekFrom::End(0)).map_err(Error::io(path))?;
         file.seek(SeekFrom::Start(0)).map_err(Error::io(path))?;
-        let mut upload = store.upload(SAMPLE_INDEX_FILE, len)?;
+        let mut upload = recorded_upload(store, SAMPLE_INDEX_FILE, len)?;
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = file.read(&mut buf).map_err(Error::io(path))?;
@@ -175,20 +198,30 @@ impl Destination {
             }
             upload.write(&buf[..n])?;
         }
-        upload.finish()
+        upload.finish().map(drop)
     }
 
     /// Makes the output visible: the staged directory is renamed into place; in a store,
-    /// `imgpack.json` was the last object written, which is what makes a prefix a dataset.
+    /// `imgpack.json` was the last object written, which is what makes a prefix a dataset, and
+    /// what was kept only for resuming (`imgpack-resume/`) is deleted now.
     pub(super) fn publish(self) -> Result<()> {
         match self {
             Destination::Dir(staged) => staged.publish(),
-            Destination::Store { mut stored, .. } => {
+            Destination::Store { store, mut stored, .. } => {
                 stored.published = true;
-                Ok(())
+                let scratch = store.read().list_objects(Some(STORE_SCRATCH))?;
+                store.delete(&scratch.into_iter().map(|o| o.name).collect::<Vec<_>>())
             }
         }
     }
+}
+
+/// Starts the upload of object `name` and records it ([`UPLOADS_RECORD`]) before a byte of it
+/// is sent, so a run that follows a killed one can abort it.
+fn recorded_upload(store: &Store, name: &str, max_bytes: u64) -> Result<Upload> {
+    let upload = store.upload(name, max_bytes)?;
+    store.record_uploads(UPLOADS_RECORD, &[Open { name: name.to_string(), id: upload.id().to_string() }])?;
+    Ok(upload)
 }
 
 /// Where one shard's bytes go while it is written.
@@ -204,8 +237,8 @@ pub(super) enum ShardOut {
 pub(super) enum Closed {
     /// Its file, to be synced (and, with `--md5`, read back by its hasher).
     File(File),
-    /// Uploaded: the object exists; its MD5 if asked for.
-    Stored(Option<String>),
+    /// Uploaded: the object exists; its MD5 if asked for, and its ETag.
+    Stored { md5: Option<String>, e_tag: String },
 }
 
 impl ShardOut {
@@ -238,8 +271,8 @@ impl ShardOut {
                 .map(Closed::File)
                 .map_err(|e| Error::Io { path: path.to_path_buf(), source: e.into_error() }),
             ShardOut::Upload(upload, md5) => {
-                upload.finish()?;
-                Ok(Closed::Stored(md5.map(|m| hex(&m.finalize()))))
+                let e_tag = upload.finish()?.unwrap_or_default();
+                Ok(Closed::Stored { md5: md5.map(|m| hex(&m.finalize())), e_tag })
             }
         }
     }

@@ -18,7 +18,9 @@
 //!
 //! The same sink writes to an object store prefix (`-o s3://bucket/prefix/`): its
 //! `destination` module is where the files go, a staged directory or the store, and the bytes
-//! do not change.
+//! do not change. There a shard is a checkpoint once its upload has completed and its DALI
+//! index and its piece of `imgpack.index` are stored; a resumed sink checks what it keeps
+//! against the journal and the store's listing, as on disk.
 
 mod destination;
 
@@ -82,6 +84,8 @@ pub struct WebDatasetSink {
     hashed: usize,
     /// Shards (from the first) reported durable by the last checkpoint.
     durable: usize,
+    /// In a store: the ETag of each closed shard, in order.
+    etags: Vec<String>,
 }
 
 struct ShardWriter {
@@ -121,17 +125,82 @@ impl WebDatasetSink {
         WebDatasetSink::begin(Destination::Dir(staged), prefix, limits, md5)
     }
 
-    /// Starts a WebDataset output under a store prefix, streaming each shard up as it is
-    /// written; a prefix that holds anything is refused unless `overwrite` (which deletes it).
-    /// Not resumable yet: [`Sink::checkpoint`] never reports a durable point.
-    pub fn to_store(
+    /// Starts a WebDataset output under a store prefix that [`crate::pack::resume::stage_store`]
+    /// has prepared, streaming each shard up as it is written.
+    pub fn to_store(store: Store, prefix: &str, limits: ShardLimits, md5: bool) -> Result<WebDatasetSink> {
+        WebDatasetSink::begin(Destination::store(store, None)?, prefix, limits, md5)
+    }
+
+    /// Continues the output an interrupted run left under `store`'s prefix from its checkpoint
+    /// `durable`: each shard it lists must be stored with the size and ETag the journal
+    /// recorded, with its DALI index and its piece of `imgpack.index` (checked against the
+    /// shard's CRC-32); every later shard, index and piece is deleted, and the local spool of
+    /// `imgpack.index` is rebuilt from the pieces.
+    pub fn resume_in_store(
         store: Store,
-        overwrite: bool,
         prefix: &str,
         limits: ShardLimits,
         md5: bool,
+        durable: &Durable,
     ) -> Result<WebDatasetSink> {
-        WebDatasetSink::begin(Destination::store(store, overwrite)?, prefix, limits, md5)
+        let url = std::path::PathBuf::from(store.url().to_string());
+        let stale = |reason: String| Error::Resume {
+            path: url.clone(),
+            reason: format!("the interrupted run's stored shards do not match its journal ({reason})"),
+        };
+        let listed = store.read().list_objects(None)?;
+        let kept = durable.shards.len();
+        let later = |name: &str| {
+            let name = name
+                .strip_prefix(crate::pack::resume::STORE_SCRATCH)
+                .map_or(name, |n| n.strip_prefix('/').and_then(|n| n.strip_suffix(".index")).unwrap_or(n));
+            shard_number(name, prefix).is_some_and(|n| n >= kept)
+        };
+        let stale_names: Vec<String> = listed
+            .iter()
+            .filter(|o| {
+                later(&o.name) || [META_FILE, WIDS_INDEX_FILE, SAMPLE_INDEX_FILE].contains(&o.name.as_str())
+            })
+            .map(|o| o.name.clone())
+            .collect();
+        let object = |name: &str| listed.iter().find(|o| o.name == name);
+        let dest = Destination::store(store.clone(), Some(Vec::new()))?;
+        let index_path = dest.index_path();
+        let mut index = BufWriter::new(dest.create_index()?);
+        let header = IndexHeader { version: INDEX_VERSION, meta_crc32: 0, samples: 0 };
+        index.write_all(&header.encode()).map_err(Error::io(&index_path))?;
+        for (i, shard) in durable.shards.iter().enumerate() {
+            if shard.crc32.is_none() || (md5 && shard.md5.is_none()) {
+                return Err(stale(format!("{} has no checksum recorded", shard.name)));
+            }
+            let stored = object(&shard.name);
+            if stored.map(|o| o.size) != Some(shard.bytes) {
+                let size = stored.map(|o| o.size);
+                return Err(stale(format!(
+                    "{} is {size:?} bytes, the journal says {}",
+                    shard.name, shard.bytes
+                )));
+            }
+            let e_tag = stored.and_then(|o| o.e_tag.clone()).unwrap_or_default();
+            if durable.etags.get(i).is_some_and(|recorded| *recorded != e_tag) {
+                return Err(stale(format!(
+                    "{} has ETag {e_tag}, the journal says {}: it was replaced",
+                    shard.name, durable.etags[i]
+                )));
+            }
+            let dali = dali_index_file_name(prefix, i);
+            if object(&dali).is_none() {
+                return Err(stale(format!("{dali} is missing")));
+            }
+            let piece = destination::index_piece(&shard.name);
+            let entries = store.read().get(&piece)?;
+            check_index_piece(&entries, i, shard).map_err(|reason| stale(format!("{piece}: {reason}")))?;
+            index.write_all(&entries).map_err(Error::io(&index_path))?;
+        }
+        store.delete(&stale_names)?;
+        let mut sink = WebDatasetSink::with(dest, prefix, limits, md5, index, durable);
+        sink.etags = durable.etags.clone();
+        Ok(sink)
     }
 
     fn begin(dest: Destination, prefix: &str, limits: ShardLimits, md5: bool) -> Result<WebDatasetSink> {
@@ -219,6 +288,7 @@ impl WebDatasetSink {
             hashing: Default::default(),
             hashed: durable.shards.len(),
             durable: durable.shards.len(),
+            etags: Vec::new(),
         }
     }
 
@@ -286,7 +356,8 @@ impl WebDatasetSink {
         let path = self.dest.name(&name);
         let out = self.dest.create_shard(&name, self.limits.max_bytes, self.md5)?;
         // A file's MD5 is read back on a thread of its own; an upload's is summed as it goes.
-        let hasher = if self.md5 && self.dest.resumable() { Some(ShardHasher::start(&path)?) } else { None };
+        let on_disk = self.dest.in_store().is_none();
+        let hasher = if self.md5 && on_disk { Some(ShardHasher::start(&path)?) } else { None };
         self.shard = Some(ShardWriter {
             number,
             path,
@@ -323,7 +394,11 @@ impl WebDatasetSink {
         let dali = dali_index_header(shard.samples) + lines;
         let dali_file = self.dest.put(&dali_name, dali.as_bytes())?;
         let md5 = match &closed {
-            Closed::Stored(md5) => md5.clone(),
+            Closed::Stored { md5, e_tag } => {
+                self.etags.push(e_tag.clone());
+                self.store_index_piece(&name, shard.first, shard.samples)?;
+                md5.clone()
+            }
             Closed::File(_) => None,
         };
         let hashed_now = !self.md5 || md5.is_some();
@@ -344,6 +419,23 @@ impl WebDatasetSink {
         Ok(())
     }
 
+    /// Stores shard `name`'s entries of `imgpack.index` (`samples` from sample `first`) as its
+    /// piece, from the local spool: what a resumed run rebuilds the spool from.
+    fn store_index_piece(&mut self, name: &str, first: u64, samples: u64) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let Some(store) = self.dest.in_store() else { return Ok(()) };
+        let index_path = self.dest.index_path();
+        let index = self.index.as_mut().expect("open until finish");
+        index.flush().map_err(Error::io(&index_path))?;
+        let mut entries = vec![0u8; samples as usize * INDEX_ENTRY_LEN];
+        let offset = INDEX_HEADER_LEN as u64 + first * INDEX_ENTRY_LEN as u64;
+        index.get_ref().read_exact_at(&mut entries, offset).map_err(Error::io(&index_path))?;
+        let piece = destination::index_piece(name);
+        store.put(&piece, entries)?;
+        self.dest.stored(piece);
+        Ok(())
+    }
+
     /// Collects the MD5s of closed shards, in order: those already computed, or (with `wait`)
     /// all of them.
     fn collect_md5s(&mut self, wait: bool) -> Result<()> {
@@ -354,6 +446,37 @@ impl WebDatasetSink {
         }
         Ok(())
     }
+}
+
+/// Why `entries`, a stored piece of `imgpack.index`, is not shard `number`'s as `shard`
+/// records it: one entry per sample, in this shard, back to back from its start, their CRC-32s
+/// combining into the shard's.
+fn check_index_piece(entries: &[u8], number: usize, shard: &ShardInfo) -> std::result::Result<(), String> {
+    if entries.len() as u64 != shard.samples * INDEX_ENTRY_LEN as u64 {
+        return Err(format!(
+            "{} bytes, where {} samples take {}",
+            entries.len(),
+            shard.samples,
+            shard.samples * INDEX_ENTRY_LEN as u64
+        ));
+    }
+    let (mut offset, mut crc) = (0u64, crc32fast::Hasher::new());
+    for raw in entries.chunks_exact(INDEX_ENTRY_LEN) {
+        let entry = IndexEntry::decode(raw.try_into().expect("chunks of the entry length"));
+        if entry.shard as usize != number || entry.offset != offset {
+            return Err(format!(
+                "an entry points at shard {} offset {}, not at offset {offset} of this shard",
+                entry.shard, entry.offset
+            ));
+        }
+        offset += entry.len;
+        crc.combine(&crc32fast::Hasher::new_with_initial_len(entry.crc32, entry.len));
+    }
+    crc.update(&[0u8; END_OF_ARCHIVE as usize]);
+    if offset + END_OF_ARCHIVE != shard.bytes || Some(crc.finalize()) != shard.crc32 {
+        return Err("its entries do not add up to the shard's size and CRC-32".into());
+    }
+    Ok(())
 }
 
 /// The shard number in a shard or DALI index file name of this prefix (`shard-000003.tar` is 3).
@@ -405,8 +528,17 @@ impl Sink for WebDatasetSink {
     }
 
     fn checkpoint(&mut self, now: bool) -> Result<Option<Durable>> {
-        if !self.dest.resumable() {
-            return Ok(None);
+        if self.dest.in_store().is_some() {
+            // A closed shard is stored, with its DALI index and its piece of imgpack.index.
+            let durable = self.shards.len();
+            if durable <= self.durable {
+                return Ok(None);
+            }
+            self.durable = durable;
+            self.dest.checkpointed();
+            let shards = self.shards.clone();
+            let samples = shards.iter().map(|s| s.samples).sum();
+            return Ok(Some(Durable { samples, shards, etags: self.etags.clone() }));
         }
         self.collect_md5s(now)?;
         let synced = if now { self.syncer.wait()? } else { self.syncer.done() };
@@ -420,7 +552,7 @@ impl Sink for WebDatasetSink {
         index.flush().and_then(|()| index.get_ref().sync_data()).map_err(Error::io(&index_path))?;
         self.durable = durable;
         let shards = self.shards[..durable].to_vec();
-        Ok(Some(Durable { samples: shards.iter().map(|s| s.samples).sum(), shards }))
+        Ok(Some(Durable { samples: shards.iter().map(|s| s.samples).sum(), shards, etags: Vec::new() }))
     }
 
     fn finish(mut self: Box<Self>, meta: &Meta) -> Result<Finished> {
@@ -635,5 +767,37 @@ mod tests {
         let parsed = imgpack_reader::webdataset::parse_member(&buf, 0).unwrap();
         assert_eq!((parsed.name, parsed.data.len()), ("00000042.jpg", 1234));
         assert!(ustar_header(&"x".repeat(101), 1).is_err());
+    }
+
+    #[test]
+    fn an_index_piece_is_checked_against_its_shard() {
+        // Two samples of 1,536 and 2,048 bytes in shard 3.
+        let crcs = [0x1111_1111u32, 0x2222_2222];
+        let entries = [
+            IndexEntry { offset: 0, len: 1536, shard: 3, crc32: crcs[0] },
+            IndexEntry { offset: 1536, len: 2048, shard: 3, crc32: crcs[1] },
+        ];
+        let mut crc = crc32fast::Hasher::new();
+        for e in &entries {
+            crc.combine(&crc32fast::Hasher::new_with_initial_len(e.crc32, e.len));
+        }
+        crc.update(&[0u8; END_OF_ARCHIVE as usize]);
+        let shard = ShardInfo {
+            name: "shard-000003.tar".into(),
+            first: 10,
+            samples: 2,
+            bytes: 1536 + 2048 + END_OF_ARCHIVE,
+            crc32: Some(crc.finalize()),
+            md5: None,
+        };
+        let piece: Vec<u8> = entries.iter().flat_map(|e| e.encode()).collect();
+        assert_eq!(check_index_piece(&piece, 3, &shard), Ok(()));
+        assert!(check_index_piece(&piece[..INDEX_ENTRY_LEN], 3, &shard).unwrap_err().contains("2 samples"));
+        assert!(check_index_piece(&piece, 4, &shard).unwrap_err().contains("shard 3"));
+        let mut flipped = piece.clone();
+        *flipped.last_mut().unwrap() ^= 1; // a CRC-32 bit
+        assert!(check_index_piece(&flipped, 3, &shard).unwrap_err().contains("CRC-32"));
+        let other = ShardInfo { bytes: shard.bytes + 512, ..shard.clone() };
+        assert!(check_index_piece(&piece, 3, &other).is_err());
     }
 }
