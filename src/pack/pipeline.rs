@@ -175,10 +175,8 @@ fn already_complete(config: &PackConfig, source_kind: &str, root: &str) -> Resul
         // In a store: a prefix holding imgpack.json; an interrupted run's leftovers beside it
         // (killed while publishing) are only what publishing had not deleted yet.
         let store = imgpack_reader::store::Store::open(&url, config.endpoint.as_deref())?;
-        if !store.list()?.iter().any(|n| n == imgpack_reader::webdataset::META_FILE) {
-            return Ok(None);
-        }
-        imgpack_reader::webdataset::parse_meta(output, &store.get(imgpack_reader::webdataset::META_FILE)?)?
+        let Some(raw) = store.get_if_exists(imgpack_reader::webdataset::META_FILE)? else { return Ok(None) };
+        imgpack_reader::webdataset::parse_meta(output, &raw)?
     } else {
         if imgpack_reader::detect(output).is_none() || crate::fs::temp_path(output).exists() {
             return Ok(None);

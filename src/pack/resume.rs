@@ -139,9 +139,7 @@ impl Journals {
     /// Stores the local copy of `name`, when the journals live in a store.
     fn store_copy(&self, name: &str) -> Result<()> {
         let Journals::Store { store, dir } = self else { return Ok(()) };
-        let path = dir.path().join(name);
-        let bytes = fs::read(&path).map_err(Error::io(&path))?;
-        store.put(&store_scratch(name), bytes)
+        store.upload_file(&store_scratch(name), &dir.path().join(name), UPLOADS_RECORD)
     }
 }
 
@@ -156,7 +154,8 @@ impl Journals {
 /// shards go.
 pub fn stage_store(store: Store, overwrite: bool, resume: bool) -> Result<(Journals, Option<Journal>, bool)> {
     use imgpack_reader::webdataset::META_FILE;
-    let mut names = store.list()?;
+    let listed = store.read().list_objects(None)?;
+    let mut names: Vec<String> = listed.iter().map(|o| o.name.clone()).collect();
     let dir = tempfile::Builder::new()
         .prefix(".imgpack-resume-")
         .tempdir()
@@ -176,9 +175,8 @@ pub fn stage_store(store: Store, overwrite: bool, resume: bool) -> Result<(Journ
     if unfinished && resume && !overwrite && names.contains(&journal_object) {
         for name in [JOURNAL_FILE, LISTING_FILE] {
             let object = store_scratch(name);
-            if names.contains(&object) {
-                let path = journals.dir().join(name);
-                fs::write(&path, store.read().get(&object)?).map_err(Error::io(&path))?;
+            if let Some(listed) = listed.iter().find(|o| o.name == object) {
+                store.download(&object, listed.size, &journals.dir().join(name))?;
             }
         }
         let journal = journals.read()?;

@@ -206,6 +206,49 @@ impl Store {
         self.put(record, crate::encoding::json_bytes(&uploads))
     }
 
+    /// Starts the upload of object `name` (at most `max_bytes`) and records it in object
+    /// `record` ([`Store::record_uploads`]) before a byte of it is sent, so a run that follows
+    /// a killed one can abort it.
+    pub fn recorded_upload(&self, name: &str, max_bytes: u64, record: &str) -> Result<Upload> {
+        let upload = self.upload(name, max_bytes)?;
+        self.record_uploads(record, &[Open { name: name.to_string(), id: upload.id().to_string() }])?;
+        Ok(upload)
+    }
+
+    /// Stores the local file at `path` as object `name`: in one request when it is small, else
+    /// streamed up as an upload recorded in `record`, never whole in memory.
+    pub fn upload_file(&self, name: &str, path: &std::path::Path, record: &str) -> Result<()> {
+        use std::io::Read;
+        let mut file = std::fs::File::open(path).map_err(Error::io(path))?;
+        let len = file.metadata().map_err(Error::io(path))?.len();
+        if len <= PART_BYTES as u64 {
+            let mut bytes = Vec::with_capacity(len as usize);
+            file.read_to_end(&mut bytes).map_err(Error::io(path))?;
+            return self.put(name, bytes);
+        }
+        let mut upload = self.recorded_upload(name, len, record)?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read(&mut buf).map_err(Error::io(path))?;
+            if n == 0 {
+                break;
+            }
+            upload.write(&buf[..n])?;
+        }
+        upload.finish().map(drop)
+    }
+
+    /// Writes object `name`, `size` bytes, to the local file at `path`, streamed: never whole
+    /// in memory.
+    pub fn download(&self, name: &str, size: u64, path: &std::path::Path) -> Result<()> {
+        use std::io::Write;
+        let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(Error::io(path))?);
+        for chunk in self.read.stream(name, 0..size)? {
+            file.write_all(&chunk?).map_err(Error::io(path))?;
+        }
+        file.flush().map_err(Error::io(path))
+    }
+
     /// Aborts every upload object `record` names (an upload that has completed or was aborted
     /// already is passed over), and returns how many were still open. A missing record names
     /// none.

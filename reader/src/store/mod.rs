@@ -190,9 +190,10 @@ impl Store {
     }
 
     /// Object `name`, whole, in one request, or `None` if there is no such object: one request
-    /// where a listing would page through every object under the prefix.
+    /// where a listing would page through every object under the prefix. Often a run's first
+    /// request, so it retries only briefly, as [`Store::list_sizes`].
     pub fn get_if_exists(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        let read = async { self.client.get(&self.key(name)).await?.bytes().await };
+        let read = async { self.check.get(&self.key(name)).await?.bytes().await };
         match self.runtime().block_on(read) {
             Ok(bytes) => Ok(Some(Vec::from(bytes))),
             Err(object_store::Error::NotFound { .. }) => Ok(None),

@@ -21,7 +21,7 @@
 //!   Publishing removes `imgpack-resume/` after `imgpack.json` is stored.
 
 use std::fs::File;
-use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use imgpack_reader::webdataset::SAMPLE_INDEX_FILE;
@@ -30,7 +30,6 @@ use md5::{Digest, Md5};
 use crate::encoding::hex;
 use crate::pack::resume::{self, STORE_SCRATCH, UPLOADS_RECORD};
 use crate::pack::staged::Staged;
-use crate::store::upload::Open;
 use crate::store::{Store, Upload};
 use crate::{Error, Result};
 
@@ -158,7 +157,7 @@ impl Destination {
             }
             Destination::Store { store, stored, .. } => {
                 stored.names.push(name.to_string());
-                let upload = recorded_upload(store, name, max_bytes)?;
+                let upload = store.recorded_upload(name, max_bytes, UPLOADS_RECORD)?;
                 Ok(ShardOut::Upload(Box::new(upload), md5.then(Md5::new)))
             }
         }
@@ -183,22 +182,10 @@ impl Destination {
 
     /// Makes `imgpack.index`, complete in its local file, part of the output: nothing to do in
     /// a directory; uploaded, streamed from the spool, to a store.
-    pub(super) fn store_index(&mut self, file: &mut File) -> Result<()> {
+    pub(super) fn store_index(&mut self) -> Result<()> {
         let Destination::Store { store, index, stored } = self else { return Ok(()) };
         stored.names.push(SAMPLE_INDEX_FILE.to_string());
-        let path = index.path();
-        let len = file.seek(SeekFrom::End(0)).map_err(Error::io(path))?;
-        file.seek(SeekFrom::Start(0)).map_err(Error::io(path))?;
-        let mut upload = recorded_upload(store, SAMPLE_INDEX_FILE, len)?;
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = file.read(&mut buf).map_err(Error::io(path))?;
-            if n == 0 {
-                break;
-            }
-            upload.write(&buf[..n])?;
-        }
-        upload.finish().map(drop)
+        store.upload_file(SAMPLE_INDEX_FILE, index.path(), UPLOADS_RECORD)
     }
 
     /// Makes the output visible: the staged directory is renamed into place; in a store,
@@ -214,14 +201,6 @@ impl Destination {
             }
         }
     }
-}
-
-/// Starts the upload of object `name` and records it ([`UPLOADS_RECORD`]) before a byte of it
-/// is sent, so a run that follows a killed one can abort it.
-fn recorded_upload(store: &Store, name: &str, max_bytes: u64) -> Result<Upload> {
-    let upload = store.upload(name, max_bytes)?;
-    store.record_uploads(UPLOADS_RECORD, &[Open { name: name.to_string(), id: upload.id().to_string() }])?;
-    Ok(upload)
 }
 
 /// Where one shard's bytes go while it is written.

@@ -573,8 +573,9 @@ impl Sink for WebDatasetSink {
         };
         index.seek(SeekFrom::Start(0)).map_err(Error::io(&index_path))?;
         index.write_all(&header.encode()).map_err(Error::io(&index_path))?;
-        self.dest.store_index(&mut index)?;
+        index.flush().map_err(Error::io(&index_path))?;
         drop(index);
+        self.dest.store_index()?;
 
         // A part is not a dataset: `wids` is pointed at the merged index, never at a part's.
         if meta.part.is_none() {
