@@ -343,16 +343,18 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     // such a run also reads little past the sample it will stop at; and at most two chunks'
     // worth of samples, however small they are.
     let readahead = Readahead::new(start..listing.samples.len(), chunker.budget, 2 * CHUNK_SAMPLES);
+    let fatal = std::sync::Mutex::new(None);
     let written = std::thread::scope(|scope| -> Result<()> {
         let samples = &listing.samples;
         let source = &*source;
         let transcoder = &config.transcoder;
         let readahead = &readahead;
+        let fatal = &fatal;
         let count = config.io_threads.get().min(samples.len().saturating_sub(start)).max(1);
         let readers = (0..count).map(|i| {
             std::thread::Builder::new().name(format!("imgpack-read-{i}")).spawn_scoped(scope, move || {
                 readahead.serve(|index| {
-                    let read = read(source, &samples.get(index), unpacking);
+                    let read = read(source, &samples.get(index), unpacking, fatal);
                     let bytes = read.as_ref().map_or(0, |b| b.len() as u64);
                     (read, bytes)
                 })
@@ -401,6 +403,10 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         let packing_started = Instant::now();
         let (mut done_here, mut bytes_here) = (0u64, 0u64);
         for loaded in rx {
+            // A store that refuses every read: stop, rather than skip each sample in turn.
+            if let Some(error) = fatal.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+                return Err(error);
+            }
             batch.clear();
             for result in loaded {
                 let position = next as u64;
@@ -652,11 +658,32 @@ impl<T> Drop for StopOnDrop<'_, T> {
 /// Reads one sample's bytes, on a reader thread; the error is the reason it is skipped. When
 /// unpacking to a tree, a sample whose recorded path would land outside the tree is refused here,
 /// before it is read.
-fn read(source: &dyn Source, sample: &SourceSample, unpacking: bool) -> Result<Vec<u8>, String> {
+///
+/// A read that fails because of the source as a whole rather than the sample — an object
+/// store that has no such bucket, denies access, or stopped answering after every retry — is
+/// not a bad file: it is put in `fatal`, which stops the run with that error, naming the bucket
+/// and the fix, instead of every later sample being skipped for the same reason.
+fn read(
+    source: &dyn Source,
+    sample: &SourceSample,
+    unpacking: bool,
+    fatal: &std::sync::Mutex<Option<Error>>,
+) -> Result<Vec<u8>, String> {
     if unpacking {
         safe_relative(sample.rel_path)?;
     }
     source.load(sample).map_err(|e| {
+        use imgpack_reader::Error as R;
+        let store = e.get_ref().and_then(|inner| inner.downcast_ref::<R>());
+        if matches!(store, Some(R::NoSuchBucket { .. } | R::StoreDenied { .. } | R::StoreUnreachable { .. }))
+        {
+            let reason = format!("cannot read: {e}");
+            if let Some(Ok(store)) = e.into_inner().map(|inner| inner.downcast::<R>()) {
+                let mut slot = fatal.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                slot.get_or_insert(Error::Reader(*store));
+            }
+            return reason;
+        }
         let dangling = source.file(sample).symlink_metadata().is_ok_and(|m| m.file_type().is_symlink())
             && e.kind() == std::io::ErrorKind::NotFound;
         if dangling {

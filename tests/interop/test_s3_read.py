@@ -16,7 +16,7 @@ import pytest
 
 from interop_util import IMAGEFOLDER
 from s3_server import closed_port
-from test_s3 import objects, run
+from test_s3 import big_tree, objects, run, start_pack, stopped, wait_until_gone
 
 OPTIONS = ["--shard-samples", "7", "--shuffle", "--seed", "11"]
 
@@ -278,6 +278,35 @@ def test_a_bad_file_in_a_stored_tree_is_skipped_and_named(pack_bin, s3_server, b
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert summary["found"] == found + 1 and summary["packed"] == found
     assert [s["path"] for s in summary["skipped"]] == [f"s3://{bucket}/tree/cat/broken.jpg"], summary["skipped"]
+
+
+def test_a_source_bucket_deleted_mid_run_stops_it_rather_than_skipping_every_file(
+    pack_bin, s3_server, tmp_path
+):
+    # A permanent error of the store is not a bad file: the run stops at once with the store's
+    # message, instead of skipping each remaining sample for the same reason.
+    env, client = s3_server.env(), s3_server.client()
+    client.create_bucket(Bucket="source-gone")
+    tree = big_tree(tmp_path / "tree", copies=12)
+    found = upload_tree(client, "source-gone", "tree/", tree)
+    out = tmp_path / "out.lmdb"
+    args = ["s3://source-gone/tree/", "--to", "lmdb", "-o", out, "--io-threads", "1", "--threads", "1", "--json"]
+    proc = start_pack(pack_bin, env, *args)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / ".out.lmdb.imgpack-tmp").exists():  # listed: reading has begun
+        assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+        time.sleep(0.01)
+    with stopped(proc):
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket="source-gone"):
+            for item in page.get("Contents", []):
+                client.delete_object(Bucket="source-gone", Key=item["Key"])
+        client.delete_bucket(Bucket="source-gone")
+        wait_until_gone(client, "source-gone")
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 1, stderr
+    assert 'there is no bucket "source-gone"' in stderr, stderr
+    assert stdout.count("cannot read") < found // 2, "the run skipped file after file"
+    assert not out.exists()
 
 
 def test_bench_read_measures_ranged_gets_beside_the_local_copy(pack_bin, s3_server, stored, tmp_path):
