@@ -122,3 +122,26 @@ fn commands_that_would_read_a_store_say_it_is_not_supported_yet() {
         assert!(stderr.contains(&format!("aws s3 sync {url} DIR")), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn a_part_for_a_store_is_refused_before_anything_is_written() {
+    let tree = testdata().join("imagefolder");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("t.plan");
+    pack(&[&"plan", &tree, &"-o", &plan, &"-q"]).assert().success();
+    let mut cmd = pack_to_store(&[
+        &plan,
+        &"--part",
+        &"0/2",
+        &"--to",
+        &"webdataset",
+        &"-o",
+        &"s3://my-bucket/out/",
+        &"--endpoint",
+        &"http://127.0.0.1:9",
+    ]);
+    cmd.current_dir(dir.path());
+    stderr_of(&mut cmd, 2);
+    // The location was never taken for a directory.
+    assert!(!dir.path().join("s3:").exists());
+}

@@ -41,6 +41,10 @@ pub fn prepare(config: &PackConfig, planned: &mut PackConfig, plan: &Plan, part:
             "--part packs lmdb or webdataset parts for `pack merge`; unpack a merged dataset instead".into(),
         ));
     }
+    if let Some(url) = config.store_output()? {
+        // Before anything below treats the URL as a directory (and makes one named `s3:`).
+        config.check_store_output(&url)?;
+    }
     let info = info(part, plan, plan_digest(&config.source)?);
     std::fs::create_dir_all(&config.output).map_err(Error::io(&config.output))?;
     planned.output = part_path(&config.output, part);
