@@ -162,43 +162,54 @@ pub fn merge(out: &Path, options: &MergeOptions, bar: &dyn Progress) -> Result<M
         already_merged(out, options)?
     } else {
         let parts = find_parts(out)?;
-        let first = &parts[0];
-        let mut meta = Meta {
-            samples: parts.iter().map(|p| p.meta.samples).sum(),
-            fields: parts
-                .iter()
-                .flat_map(|p| p.meta.fields.iter().cloned())
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect(),
-            tool: crate::TOOL.into(),
-            version: FORMAT_VERSION,
-            checksum: Some(imgpack_reader::checksum::ALGORITHM.into()),
-            shards: Vec::new(),
-            part: None,
-            ..first.meta.clone()
-        };
+        let mut meta = merged_meta(&parts);
         let bytes_out = if meta.format == imgpack_reader::lmdb::FORMAT_NAME {
             lmdb::merge(out, &parts, &meta, options, bar)?
         } else {
-            webdataset::merge(out, &parts, &mut meta, options, bar)?
+            webdataset::merge(&webdataset::Local { out }, &parts, &mut meta, options, bar)?
         };
-        Merged {
-            kind: "merge",
-            output: out.to_path_buf(),
-            format: short_format(&meta.format),
-            parts: first.info.count,
-            found: first.info.plan_samples,
-            packed: meta.samples,
-            skipped: skipped(parts.iter().map(|p| &p.info), &first.meta.source.root),
-            renumbered_parts: parts.iter().filter(|p| p.renumbered()).count() as u64,
-            already_merged: false,
-            bytes_out,
-            seconds: 0.0,
-        }
+        summary(out.to_path_buf(), &parts, &meta, bytes_out)
     };
     merged.seconds = started.elapsed().as_secs_f64();
     Ok(merged)
+}
+
+/// The metadata of the dataset merged from `parts` (found and checked by [`find_parts`]),
+/// before the format's merge adds its shards.
+fn merged_meta(parts: &[FoundPart]) -> Meta {
+    Meta {
+        samples: parts.iter().map(|p| p.meta.samples).sum(),
+        fields: parts
+            .iter()
+            .flat_map(|p| p.meta.fields.iter().cloned())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        tool: crate::TOOL.into(),
+        version: FORMAT_VERSION,
+        checksum: Some(imgpack_reader::checksum::ALGORITHM.into()),
+        shards: Vec::new(),
+        part: None,
+        ..parts[0].meta.clone()
+    }
+}
+
+/// What a merge of `parts` into `out` that wrote `meta` and `bytes_out` bytes reports.
+fn summary(out: PathBuf, parts: &[FoundPart], meta: &Meta, bytes_out: u64) -> Merged {
+    let first = &parts[0];
+    Merged {
+        kind: "merge",
+        output: out,
+        format: short_format(&meta.format),
+        parts: first.info.count,
+        found: first.info.plan_samples,
+        packed: meta.samples,
+        skipped: skipped(parts.iter().map(|p| &p.info), &first.meta.source.root),
+        renumbered_parts: parts.iter().filter(|p| p.renumbered()).count() as u64,
+        already_merged: false,
+        bytes_out,
+        seconds: 0.0,
+    }
 }
 
 fn short_format(format: &str) -> String {
@@ -234,12 +245,18 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
             }
         }
     }
+    Ok(already_summary(out.to_path_buf(), &meta, &infos, dataset_bytes(out, &meta)))
+}
+
+/// What a merge of an output that an earlier merge finished (`meta`, from parts `infos`, of
+/// `bytes_out` bytes) reports.
+fn already_summary(out: PathBuf, meta: &Meta, infos: &[PartInfo], bytes_out: u64) -> Merged {
     // A WebDataset merged from parts lists its shards in the part directories; a single run's
     // lists them at the top, and has no part directory: `parts` is then 0.
-    let count = shard_dirs(&meta).len();
-    Ok(Merged {
+    let count = shard_dirs(meta).len();
+    Merged {
         kind: "merge",
-        output: out.to_path_buf(),
+        output: out,
         format: short_format(&meta.format),
         parts: infos.first().map_or(count as u64, |p| p.count),
         found: meta.samples + infos.iter().map(|p| p.skipped.len() as u64).sum::<u64>(),
@@ -247,9 +264,9 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
         skipped: skipped(infos.iter(), &meta.source.root),
         renumbered_parts: 0,
         already_merged: true,
-        bytes_out: dataset_bytes(out, &meta),
+        bytes_out,
         seconds: 0.0,
-    })
+    }
 }
 
 /// The part directories a merged dataset's shards are in (none for one run's output).
@@ -270,15 +287,26 @@ fn remove_if_present(path: &Path) -> Result<()> {
     }
 }
 
+/// The part directories in `out`, finished and unfinished, by name.
+type PartDirs = (Vec<(String, (u64, u64))>, BTreeMap<(u64, u64), String>);
+
 /// The finished part directories in `out` (name, (index, count)) and the unfinished ones
 /// (their temporary directories), by name.
-#[allow(clippy::type_complexity)]
-pub(crate) fn part_dirs(out: &Path) -> Result<(Vec<(String, (u64, u64))>, BTreeMap<(u64, u64), String>)> {
-    let mut finished = Vec::new();
-    let mut unfinished = BTreeMap::new();
+pub(crate) fn part_dirs(out: &Path) -> Result<PartDirs> {
+    let mut names = Vec::new();
     for entry in fs::read_dir(out).map_err(Error::io(out))? {
         let entry = entry.map_err(Error::io(out))?;
-        let Ok(name) = entry.file_name().into_string() else { continue };
+        names.extend(entry.file_name().into_string().ok());
+    }
+    Ok(sort_part_dirs(names))
+}
+
+/// Of the entry `names` of an output (files and directories on disk, the first `/`-separated
+/// part of the keys in a store), the finished part directories and the unfinished ones.
+fn sort_part_dirs(names: impl IntoIterator<Item = String>) -> PartDirs {
+    let mut finished = Vec::new();
+    let mut unfinished = BTreeMap::new();
+    for name in names {
         if let Some(part) = parse_dir_name(&name) {
             finished.push((name, part));
         } else if let Some(part) =
@@ -288,14 +316,25 @@ pub(crate) fn part_dirs(out: &Path) -> Result<(Vec<(String, (u64, u64))>, BTreeM
         }
     }
     finished.sort();
-    Ok((finished, unfinished))
+    finished.dedup();
+    (finished, unfinished)
 }
 
-/// Every part of the output, checked to be present, finished and of one plan; with the keys
-/// their samples take in the merged dataset.
+/// Every part in the directory `out`, checked as [`check_parts`] does.
 fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
+    check_parts(out, part_dirs(out)?, |name| crate::cluster::part::read_meta(&out.join(name)))
+}
+
+/// Every part of the output `out`, whose part directories are `dirs`, checked to be present,
+/// finished and of one plan; with the keys their samples take in the merged dataset.
+/// `read_meta` reads the metadata of the part directory it is given the name of (`None` when
+/// there is none: the part is not finished).
+fn check_parts(
+    out: &Path,
+    (finished, unfinished): PartDirs,
+    read_meta: impl Fn(&str) -> Result<Option<Meta>>,
+) -> Result<Vec<FoundPart>> {
     let refuse = |reason: String| Error::Merge { path: out.to_path_buf(), reason };
-    let (finished, unfinished) = part_dirs(out)?;
     let counts: BTreeSet<u64> =
         finished.iter().map(|(_, (_, n))| *n).chain(unfinished.keys().map(|(_, n)| *n)).collect();
     let count = match counts.len() {
@@ -334,7 +373,7 @@ fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
     let mut parts: Vec<FoundPart> = Vec::with_capacity(count as usize);
     for (k, name) in present {
         let dir = out.join(&name);
-        let meta = crate::cluster::part::read_meta(&dir)?.ok_or_else(|| {
+        let meta = read_meta(&name)?.ok_or_else(|| {
             refuse(format!("{} holds no finished part (no metadata); run its command again", dir.display()))
         })?;
         let Some(info) = meta.part.clone() else {
