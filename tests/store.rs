@@ -109,18 +109,60 @@ fn readers_of_a_store_name_an_endpoint_nobody_answers_at() {
 }
 
 #[test]
-fn commands_that_would_read_a_store_say_it_is_not_supported_yet() {
+fn merge_in_a_store_says_it_is_not_supported_yet() {
     let url = "s3://my-bucket/shards/";
-    for args in [vec!["merge", url], vec!["plan", url, "-o", "x.plan"]] {
-        let mut cmd = pack_to_store(&[]);
-        cmd.args(&args).arg("-q");
-        let stderr = stderr_of(&mut cmd, 2);
-        assert!(
-            stderr.contains(&format!("{url}: object storage works only as the -o")),
-            "{args:?}: {stderr}"
-        );
-        assert!(stderr.contains(&format!("aws s3 sync {url} DIR")), "{args:?}: {stderr}");
+    let mut cmd = pack_to_store(&[&"merge", &url, &"-q"]);
+    let stderr = stderr_of(&mut cmd, 2);
+    assert!(stderr.contains(&format!("{url}: object storage works only as the -o")), "{stderr}");
+    assert!(stderr.contains(&format!("aws s3 sync {url} DIR")), "{stderr}");
+}
+
+#[test]
+fn plan_reaches_the_store_at_the_endpoint_given() {
+    let tree = testdata().join("imagefolder");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("t.plan");
+    pack(&[&"plan", &tree, &"-o", &plan, &"-q"]).assert().success();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let out = dir.path().join("out");
+    let cases: [(Vec<&dyn AsRef<std::ffi::OsStr>>, &str); 3] = [
+        // The plan's object is asked for before the tree is walked.
+        (vec![&"plan", &tree, &"-o", &"s3://my-bucket/plans/t.plan"], "plans/t.plan"),
+        (vec![&"plan", &"s3://my-bucket/trees/train/", &"-o", &plan, &"--overwrite"], "trees/train/"),
+        (
+            vec![&"s3://my-bucket/plans/t.plan", &"--part", &"0/2", &"--to", &"lmdb", &"-o", &out],
+            "plans/t.plan",
+        ),
+    ];
+    for (args, key) in cases {
+        let mut cmd = pack_to_store(&args);
+        cmd.args(["--endpoint", &endpoint, "-q"]);
+        let stderr = stderr_of(&mut cmd, 1);
+        let expected =
+            format!("cannot connect to the store at {endpoint} (bucket \"my-bucket\", key \"{key}\")");
+        assert!(stderr.contains(&expected), "{key}: {stderr}");
     }
+    assert!(!out.exists(), "nothing written for a plan that could not be read");
+}
+
+#[test]
+fn a_plan_in_a_store_is_one_object() {
+    let tree = testdata().join("imagefolder");
+    let mut cmd = pack_to_store(&[
+        &"plan",
+        &tree,
+        &"-o",
+        &"s3://my-bucket/plans/",
+        &"--endpoint",
+        &"http://127.0.0.1:9",
+    ]);
+    let stderr = stderr_of(&mut cmd, 2);
+    assert!(
+        stderr.contains("s3://my-bucket/plans/: a plan is one object, and this names a prefix")
+            && stderr.contains("-o s3://my-bucket/plans/train.plan"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -251,13 +251,20 @@ impl MergeArgs {
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// The root of the ImageFolder tree.
+    /// The root of the ImageFolder tree: a directory, or the s3://BUCKET/PREFIX/ it is stored
+    /// under (listed once; the plan then names it, and parts read the images from the store).
     #[arg(value_name = "SRC")]
     pub source: PathBuf,
 
-    /// Where to write the plan (a file).
+    /// Where to write the plan: a file, or an object s3://BUCKET/KEY (written in one PUT, the
+    /// same bytes as the file), so the machines of a job need no shared volume.
+    ///
+    /// Example: -o s3://datasets/plans/train.plan
     #[arg(short = 'o', long = "output", value_name = "PLAN")]
     pub out: PathBuf,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// Replace PLAN if it exists.
     #[arg(long)]

@@ -183,22 +183,22 @@ fn unknown_command(word: &str) -> String {
     )
 }
 
-/// Object storage is, so far, where `pack ... --to webdataset` writes and what `pack verify`,
-/// `info` and `ls` read (issue #17): another command asked to read a store location, or `pack plan`
-/// to write one, says so and how to get there, instead of "does not exist".
+/// Object storage is, so far, where `pack ... --to webdataset` and `pack plan` write and what
+/// packing, `pack plan`, `verify`, `info` and `ls` read (issue #17): `pack merge` asked to
+/// merge in a store says so and how to get there, instead of "does not exist".
 fn refuse_store_paths(command: &Command) -> crate::Result<()> {
     let paths: Vec<&std::path::Path> = match command {
         // `pack s3://... --to ...` converts a stored WebDataset; `pack imagefolder s3://...` is
         // refused by the pack configuration, which says so.
         Command::Imagefolder(_) | Command::Convert(_) => Vec::new(),
-        Command::Plan(args) => vec![&args.source, &args.out],
+        Command::Plan(_) => Vec::new(),
         Command::Merge(args) => vec![&args.path],
         Command::Verify(_) | Command::Info(_) | Command::Ls(_) | Command::BenchRead(_) => Vec::new(),
         Command::Completions(_) | Command::Man => Vec::new(),
     };
     match paths.iter().map(|p| p.to_string_lossy()).find(|p| crate::store::is_store_url(p)) {
         Some(url) => Err(crate::Error::Usage(format!(
-            "{url}: object storage works only as the -o of `pack SRC --to webdataset`, as a source, and for `pack verify`, `info`, `ls` and `bench-read` so far; copy the prefix to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
+            "{url}: object storage works only as the -o of `pack SRC --to webdataset` and `pack plan`, as a source, and for `pack verify`, `info`, `ls` and `bench-read` so far; copy the prefix to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
         ))),
         None => Ok(()),
     }
@@ -358,14 +358,17 @@ fn ls(args: &args::LsArgs) -> crate::Result<u8> {
 
 /// `pack plan`: walk the tree once, write the plan.
 fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
-    if args.out.exists() && !args.overwrite {
+    let endpoint = args.store.endpoint();
+    let out = crate::source::plan::PlanFile::new(&args.out, endpoint.as_deref())?;
+    if !args.overwrite && out.exists()? {
         return Err(crate::Error::OutputExists { path: args.out.clone() });
     }
     let extensions = args.listing.extensions()?;
     let seed = args.listing.seed();
     let threads = args.threads.unwrap_or_else(crate::pack::config::default_io_threads);
     let bar = progress_bar(args.output.quiet, PACK_BAR);
-    let header = crate::source::plan::make(&args.source, &extensions, seed, threads, &bar, &args.out)?;
+    let header =
+        crate::source::plan::make(&args.source, &extensions, seed, threads, endpoint.as_deref(), &bar, &out)?;
     for class in &header.empty_classes {
         eprintln!("warning: {}", crate::pack::report::empty_class_warning(class));
     }
@@ -376,7 +379,7 @@ fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
     if args.output.json {
         let summary = serde_json::json!({
             "type": "plan",
-            "plan": args.out.to_string_lossy(),
+            "plan": out.display(),
             "root": header.root,
             "samples": header.samples,
             "classes": header.classes.len(),
@@ -391,7 +394,7 @@ fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
             header.classes.len(),
             crate::size::human_bytes(header.bytes),
             header.root,
-            args.out.display()
+            out.display()
         );
     }
     Ok(0)

@@ -469,8 +469,9 @@ pub(crate) mod testing {
             &extensions,
             None,
             std::num::NonZeroUsize::MIN,
+            None,
             &crate::progress::Silent,
-            &plan,
+            &crate::source::plan::PlanFile::Local(plan.clone()),
         )
         .unwrap();
         let out = dir.join("out");

@@ -1,0 +1,106 @@
+"""A cluster job with no shared volume, against a real S3 server (SeaweedFS, the `s3_server`
+fixture on 127.0.0.1): `pack plan SRC -o s3://...` stores exactly the bytes of a local plan, of a
+local tree or of a tree stored under a prefix (the plan then names the prefix, and packing it
+reads the images from the store); a stored plan is packed whole or as `--part K/N` just like
+the same plan on disk; and plans in the wrong place are refused saying what to do.
+
+Run: PACK=$PWD/target/debug/pack ~/.cache/imgpack-venv/bin/python -m pytest tests/interop/test_s3_cluster.py -q
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from interop_util import IMAGEFOLDER
+from test_s3 import local_files, objects, run
+
+PARTS = 3
+SHARD = ["--shard-samples", "4", "--md5"]
+
+
+def upload_tree(client, bucket: str, prefix: str, root: Path) -> None:
+    for rel, data in local_files(root).items():
+        client.put_object(Bucket=bucket, Key=f"{prefix}{rel}", Body=data)
+
+
+def ok(proc) -> None:
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_plan_written_to_the_store_is_the_local_plan_byte_for_byte(pack_bin, s3_server, bucket, tmp_path):
+    env = s3_server.env()
+    local = tmp_path / "train.plan"
+    ok(run(pack_bin, env, "plan", IMAGEFOLDER, "-o", local, "--shuffle", "--seed", "5", "-q"))
+    url = f"s3://{bucket}/plans/train.plan"
+    proc = run(pack_bin, env, "plan", IMAGEFOLDER, "-o", url, "--shuffle", "--seed", "5", "--json")
+    ok(proc)
+    summary = json.loads(proc.stdout)
+    assert summary["plan"] == url and summary["samples"] > 0
+    stored = objects(s3_server.client(), bucket)
+    assert list(stored) == ["plans/train.plan"], "one object, no temporary left behind"
+    assert stored["plans/train.plan"] == local.read_bytes()
+    # As on disk: an existing plan is kept unless --overwrite.
+    again = run(pack_bin, env, "plan", IMAGEFOLDER, "-o", url)
+    assert again.returncode != 0 and "--overwrite" in again.stderr, again.stderr
+    ok(run(pack_bin, env, "plan", IMAGEFOLDER, "-o", url, "--overwrite", "-q"))
+    # --endpoint is honoured without the environment's endpoint.
+    bare = {k: v for k, v in env.items() if not k.startswith("AWS_ENDPOINT_URL")}
+    ok(run(pack_bin, bare, "plan", IMAGEFOLDER, "-o", url, "--overwrite", "-q", "--endpoint", s3_server.endpoint))
+
+
+def test_a_stored_plan_packs_whole_and_in_parts_as_the_local_plan(pack_bin, s3_server, bucket, tmp_path):
+    env = s3_server.env()
+    plan = tmp_path / "train.plan"
+    ok(run(pack_bin, env, "plan", IMAGEFOLDER, "-o", plan, "-q"))
+    url = f"s3://{bucket}/train.plan"
+    s3_server.client().put_object(Bucket=bucket, Key="train.plan", Body=plan.read_bytes())
+    for name, args in [("whole", []), ("part", ["--part", f"1/{PARTS}"])]:
+        local, remote = tmp_path / f"{name}-local", tmp_path / f"{name}-remote"
+        ok(run(pack_bin, env, plan, "--to", "webdataset", "-o", local, *SHARD, *args, "-q"))
+        ok(run(pack_bin, env, url, "--to", "webdataset", "-o", remote, *SHARD, *args, "-q"))
+        assert local_files(remote) == local_files(local), name
+
+
+def test_a_plan_of_a_stored_tree_reads_the_images_from_the_store(pack_bin, s3_server, bucket, tmp_path):
+    env = s3_server.env()
+    client = s3_server.client()
+    upload_tree(client, bucket, "trees/train/", IMAGEFOLDER)
+    tree_url = f"s3://{bucket}/trees/train/"
+    plan_url = f"s3://{bucket}/plans/train.plan"
+    ok(run(pack_bin, env, "plan", tree_url, "-o", plan_url, "-q"))
+    local_plan = tmp_path / "train.plan"
+    ok(run(pack_bin, env, "plan", tree_url, "-o", local_plan, "-q"))
+    assert objects(client, bucket, "plans/")["train.plan"] == local_plan.read_bytes()
+    # Packing the plan reads the stored images, as packing the prefix itself does.
+    direct, planned = tmp_path / "direct", tmp_path / "planned"
+    ok(run(pack_bin, env, tree_url, "--to", "webdataset", "-o", direct, *SHARD, "-q"))
+    ok(run(pack_bin, env, plan_url, "--to", "webdataset", "-o", planned, *SHARD, "-q"))
+    assert local_files(planned) == local_files(direct)
+    # Without its trailing slash the prefix is still the tree: no object has that name.
+    no_slash = tmp_path / "no-slash"
+    ok(run(pack_bin, env, tree_url.rstrip("/"), "--to", "webdataset", "-o", no_slash, *SHARD, "-q"))
+    assert local_files(no_slash) == local_files(direct)
+    meta = json.loads((planned / "imgpack.json").read_text())
+    assert meta["source"]["root"] == tree_url
+    # Every part of it too, on a machine that has no copy of the tree.
+    parts = tmp_path / "parts"
+    for k in range(PARTS):
+        ok(run(pack_bin, env, plan_url, "--part", f"{k}/{PARTS}", "--to", "webdataset", "-o", parts, *SHARD, "-q"))
+    ok(run(pack_bin, env, "merge", parts, "-q"))
+    assert run(pack_bin, env, "verify", parts, "-q").returncode == 0
+
+
+def test_stored_plan_locations_that_cannot_work_are_refused(pack_bin, s3_server, bucket, tmp_path):
+    env = s3_server.env()
+    client = s3_server.client()
+    proc = run(pack_bin, env, "plan", IMAGEFOLDER, "-o", f"s3://{bucket}/plans/")
+    assert proc.returncode == 2 and "names a prefix" in proc.stderr, proc.stderr
+    client.put_object(Bucket=bucket, Key="notaplan", Body=b"hello")
+    proc = run(pack_bin, env, f"s3://{bucket}/notaplan", "--to", "webdataset", "-o", tmp_path / "o")
+    assert proc.returncode != 0 and "not a plan" in proc.stderr and f"s3://{bucket}/notaplan/" in proc.stderr, proc.stderr
+    # --part to a store waits for --resume on stores; it is refused before anything is read.
+    plan = tmp_path / "p.plan"
+    ok(run(pack_bin, env, "plan", IMAGEFOLDER, "-o", plan, "-q"))
+    proc = run(pack_bin, env, plan, "--part", "0/2", "--to", "webdataset", "-o", f"s3://{bucket}/out/")
+    assert proc.returncode == 2 and "--part" in proc.stderr, proc.stderr
