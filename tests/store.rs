@@ -1,6 +1,8 @@
-//! `-o s3://...` and `pack info`/`ls`/`verify s3://...` as far as they go without a server: what is
-//! refused before any request (exit 2, saying what to do instead), and an endpoint nobody
-//! answers at (exit 1, its own message, quickly). The round trips against a real S3 server are in tests/interop/test_s3.py.
+//! Object storage as far as it goes without a server: `-o s3://...`, `pack info`/`ls`/`verify
+//! s3://...`, `pack plan` and `pack merge` on the store and stored plans. What is refused
+//! before any request (exit 2, saying what to do instead), and an endpoint nobody answers at
+//! (exit 1, its own message, quickly). The round trips against a real S3 server are in
+//! tests/interop/test_s3.py, test_s3_read.py and test_s3_cluster.py.
 
 use std::time::{Duration, Instant};
 
@@ -109,16 +111,7 @@ fn readers_of_a_store_name_an_endpoint_nobody_answers_at() {
 }
 
 #[test]
-fn merge_in_a_store_says_it_is_not_supported_yet() {
-    let url = "s3://my-bucket/shards/";
-    let mut cmd = pack_to_store(&[&"merge", &url, &"-q"]);
-    let stderr = stderr_of(&mut cmd, 2);
-    assert!(stderr.contains(&format!("{url}: object storage works only as the -o")), "{stderr}");
-    assert!(stderr.contains(&format!("aws s3 sync {url} DIR")), "{stderr}");
-}
-
-#[test]
-fn plan_reaches_the_store_at_the_endpoint_given() {
+fn plan_and_merge_reach_the_store_at_the_endpoint_given() {
     let tree = testdata().join("imagefolder");
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("t.plan");
@@ -126,7 +119,7 @@ fn plan_reaches_the_store_at_the_endpoint_given() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let endpoint = format!("http://127.0.0.1:{port}");
     let out = dir.path().join("out");
-    let cases: [(Vec<&dyn AsRef<std::ffi::OsStr>>, &str); 3] = [
+    let cases: [(Vec<&dyn AsRef<std::ffi::OsStr>>, &str); 4] = [
         // The plan's object is asked for before the tree is walked.
         (vec![&"plan", &tree, &"-o", &"s3://my-bucket/plans/t.plan"], "plans/t.plan"),
         (vec![&"plan", &"s3://my-bucket/trees/train/", &"-o", &plan, &"--overwrite"], "trees/train/"),
@@ -134,6 +127,7 @@ fn plan_reaches_the_store_at_the_endpoint_given() {
             vec![&"s3://my-bucket/plans/t.plan", &"--part", &"0/2", &"--to", &"lmdb", &"-o", &out],
             "plans/t.plan",
         ),
+        (vec![&"merge", &"s3://my-bucket/out/"], "out/"),
     ];
     for (args, key) in cases {
         let mut cmd = pack_to_store(&args);
@@ -147,7 +141,7 @@ fn plan_reaches_the_store_at_the_endpoint_given() {
 }
 
 #[test]
-fn a_plan_in_a_store_is_one_object() {
+fn a_plan_in_a_store_is_one_object_and_saved_measurements_are_local_files() {
     let tree = testdata().join("imagefolder");
     let mut cmd = pack_to_store(&[
         &"plan",
@@ -163,6 +157,18 @@ fn a_plan_in_a_store_is_one_object() {
             && stderr.contains("-o s3://my-bucket/plans/train.plan"),
         "{stderr}"
     );
+    let tree = tree.to_str().unwrap();
+    let url = "s3://my-bucket/m.jsonl";
+    for (args, flag) in [
+        (vec![tree, "--save", url], "--save"),
+        (vec![tree, "--plot", url], "--plot"),
+        (vec!["--compare", url], "--compare"),
+    ] {
+        let mut cmd = pack_to_store(&[&"bench-read", &"-q"]);
+        cmd.args(&args);
+        let stderr = stderr_of(&mut cmd, 2);
+        assert!(stderr.contains(&format!("{flag} {url}: takes a local file")), "{stderr}");
+    }
 }
 
 #[test]

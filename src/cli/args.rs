@@ -211,7 +211,9 @@ pub struct CompletionsArgs {
 
 #[derive(Debug, Args)]
 pub struct MergeArgs {
-    /// The output directory the parts were packed into (the -o of `pack PLAN --part`).
+    /// The output directory the parts were packed into (the -o of `pack PLAN --part`), or the
+    /// s3://BUCKET/PREFIX/ WebDataset parts were uploaded to (merged there: no download of the
+    /// shards unless keys move, and then each is streamed down and up again).
     #[arg(value_name = "OUT")]
     pub path: PathBuf,
 
@@ -223,6 +225,9 @@ pub struct MergeArgs {
     /// Threads for rewriting shards when keys move [default: all cores].
     #[arg(long, value_name = "N", value_parser = thread_count)]
     pub threads: Option<NonZeroUsize>,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     #[command(flatten)]
     pub output: OutputArgs,
@@ -245,6 +250,7 @@ impl MergeArgs {
         Ok(crate::cluster::merge::MergeOptions {
             keep_parts: self.keep_parts,
             threads: threads(self.threads)?,
+            endpoint: self.store.endpoint(),
         })
     }
 }

@@ -103,7 +103,6 @@ pub fn info(part: Part, plan: &Plan, digest: String) -> PartInfo {
 /// format and version, but a part's metadata, which [`Meta::unreadable`] refuses, is what it
 /// must be. `None` if `dir` holds no finished output.
 pub fn read_meta(dir: &Path) -> Result<Option<Meta>> {
-    let bad = |reason: String| Error::BadSource { path: dir.to_path_buf(), reason };
     let (raw, format) = if dir.join("data.mdb").is_file() {
         (read_lmdb_meta(dir)?, imgpack_reader::lmdb::FORMAT_NAME)
     } else {
@@ -115,12 +114,19 @@ pub fn read_meta(dir: &Path) -> Result<Option<Meta>> {
         }
     };
     let Some(raw) = raw else { return Ok(None) };
+    parse_meta(dir, &raw, format).map(Some)
+}
+
+/// The metadata `raw` of the finished `format` part at `dir` (a directory, or the prefix a
+/// part was uploaded to), checked as [`read_meta`] checks it.
+pub fn parse_meta(dir: &Path, raw: &[u8], format: &str) -> Result<Meta> {
+    let bad = |reason: String| Error::BadSource { path: dir.to_path_buf(), reason };
     let meta: Meta =
-        serde_json::from_slice(&raw).map_err(|e| bad(format!("its metadata does not parse: {e}")))?;
+        serde_json::from_slice(raw).map_err(|e| bad(format!("its metadata does not parse: {e}")))?;
     if let Some(reason) = meta.unreadable_part(format) {
         return Err(bad(reason));
     }
-    Ok(Some(meta))
+    Ok(meta)
 }
 
 /// Opens the LMDB environment of the finished part in `dir` to read it, through the one LMDB

@@ -143,6 +143,12 @@ impl Store {
         file.flush().map_err(Error::io(path))
     }
 
+    /// The names (relative to the prefix, sorted) and sizes of every object under the prefix,
+    /// retried only briefly as [`Store::list`] is.
+    pub fn list_sizes(&self) -> Result<Vec<(String, u64)>> {
+        Ok(self.read.list_sizes()?)
+    }
+
     /// Stores `bytes` as object `name`, in one request.
     pub fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
         self.runtime()

@@ -2,7 +2,10 @@
 fixture on 127.0.0.1): `pack plan SRC -o s3://...` stores exactly the bytes of a local plan, of a
 local tree or of a tree stored under a prefix (the plan then names the prefix, and packing it
 reads the images from the store); a stored plan is packed whole or as `--part K/N` just like
-the same plan on disk; and plans in the wrong place are refused saying what to do.
+the same plan on disk; and `pack merge s3://bucket/out/` on WebDataset parts uploaded there
+leaves, object for object, what a local merge of the same parts leaves on disk — also when a
+part skipped a corrupt file, so the shards after it are streamed down, renumbered and uploaded
+again. LMDB parts and plans in the wrong place are refused saying what to do.
 
 Run: PACK=$PWD/target/debug/pack ~/.cache/imgpack-venv/bin/python -m pytest tests/interop/test_s3_cluster.py -q
 """
@@ -10,9 +13,11 @@ Run: PACK=$PWD/target/debug/pack ~/.cache/imgpack-venv/bin/python -m pytest test
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
-from interop_util import IMAGEFOLDER
+from interop_util import BAD, IMAGEFOLDER, copy_into
+from interop_util import testdata_images as tree_images  # not collected as a test
 from test_s3 import local_files, objects, run
 
 PARTS = 3
@@ -26,6 +31,17 @@ def upload_tree(client, bucket: str, prefix: str, root: Path) -> None:
 
 def ok(proc) -> None:
     assert proc.returncode == 0, proc.stderr
+
+
+def plan_and_parts(pack_bin, env, tree: Path, work: Path, expect_skipped: bool) -> tuple[Path, Path]:
+    """A plan of `tree` and its PARTS WebDataset parts packed locally into `work/parts`."""
+    plan = work / "tree.plan"
+    ok(run(pack_bin, env, "plan", tree, "-o", plan, "-q"))
+    parts = work / "parts"
+    for k in range(PARTS):
+        proc = run(pack_bin, env, plan, "--part", f"{k}/{PARTS}", "--to", "webdataset", "-o", parts, *SHARD, "-q")
+        assert proc.returncode in ((0, 3) if expect_skipped else (0,)), proc.stderr
+    return plan, parts
 
 
 def test_a_plan_written_to_the_store_is_the_local_plan_byte_for_byte(pack_bin, s3_server, bucket, tmp_path):
@@ -89,6 +105,77 @@ def test_a_plan_of_a_stored_tree_reads_the_images_from_the_store(pack_bin, s3_se
         ok(run(pack_bin, env, plan_url, "--part", f"{k}/{PARTS}", "--to", "webdataset", "-o", parts, *SHARD, "-q"))
     ok(run(pack_bin, env, "merge", parts, "-q"))
     assert run(pack_bin, env, "verify", parts, "-q").returncode == 0
+
+
+def merged_equals_local_merge(pack_bin, s3_server, bucket, tmp_path, tree: Path, expect_skipped: bool) -> dict:
+    """Parts of `tree` packed locally, uploaded, merged in the store; compared, object for
+    object, with a local merge of a copy of the same parts. Returns the store merge's summary."""
+    env = s3_server.env()
+    client = s3_server.client()
+    _, parts = plan_and_parts(pack_bin, env, tree, tmp_path, expect_skipped)
+    upload_tree(client, bucket, "out/", parts)
+    local = tmp_path / "local-merge"
+    shutil.copytree(parts, local)
+    code = 3 if expect_skipped else 0
+    assert run(pack_bin, env, "merge", local, "-q").returncode == code
+    proc = run(pack_bin, env, "merge", f"s3://{bucket}/out/", "--json")
+    assert proc.returncode == code, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert objects(client, bucket, "out/") == local_files(local)
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads"), "no upload left behind"
+    # The merged dataset reads from the store: every checksum holds.
+    ok(run(pack_bin, env, "verify", f"s3://{bucket}/out/", "-q"))
+    # Merging again does nothing and says so.
+    again = run(pack_bin, env, "merge", f"s3://{bucket}/out/", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["already_merged"], again.stdout
+    assert objects(client, bucket, "out/") == local_files(local)
+    return summary
+
+
+def test_merging_parts_in_the_store_leaves_what_a_local_merge_leaves(pack_bin, s3_server, bucket, tmp_path):
+    summary = merged_equals_local_merge(pack_bin, s3_server, bucket, tmp_path, IMAGEFOLDER, False)
+    assert summary["parts"] == PARTS and summary["renumbered_parts"] == 0 and not summary["skipped"]
+
+
+def test_parts_that_skipped_a_file_are_renumbered_in_the_store(pack_bin, s3_server, bucket, tmp_path):
+    images = {rel: IMAGEFOLDER / rel for rel in tree_images()}
+    tree = copy_into(tmp_path / "tree", {"cat/000_broken.jpg": BAD / "truncated_header.jpg", **images})
+    summary = merged_equals_local_merge(pack_bin, s3_server, bucket, tmp_path, tree, True)
+    assert summary["renumbered_parts"] == PARTS - 1, summary
+    assert [s["path"] for s in summary["skipped"]] == [str(tree / "cat/000_broken.jpg")], summary
+    # A merge stopped after the shards were rewritten, before the dataset files were stored, is
+    # run again: the rewritten shards are recognised, and the result is the same.
+    client = s3_server.client()
+    merged = objects(client, bucket, "out/")
+    for name in ["imgpack.json", "imgpack.index", "shardindex.json"]:
+        client.delete_object(Bucket=bucket, Key=f"out/{name}")
+    proc = run(pack_bin, s3_server.env(), "merge", f"s3://{bucket}/out/", "-q")
+    assert proc.returncode == 3, proc.stderr
+    assert objects(client, bucket, "out/") == merged
+
+
+def test_a_merge_in_the_store_names_missing_parts_and_refuses_lmdb(pack_bin, s3_server, bucket, tmp_path):
+    env = s3_server.env()
+    client = s3_server.client()
+    _, parts = plan_and_parts(pack_bin, env, IMAGEFOLDER, tmp_path, False)
+    shutil.rmtree(parts / f"part-0001-of-{PARTS:04d}")
+    upload_tree(client, bucket, "gap/", parts)
+    proc = run(pack_bin, env, "merge", f"s3://{bucket}/gap/")
+    assert proc.returncode != 0, proc.stdout
+    assert f"part 1 of {PARTS} is missing" in proc.stderr and f"s3://{bucket}/gap/part-0001-of-{PARTS:04d}" in proc.stderr
+    assert "imgpack.json" not in objects(client, bucket, "gap/")
+
+    plan = tmp_path / "tree.plan"
+    lmdb = tmp_path / "lmdb"
+    for k in range(2):
+        ok(run(pack_bin, env, plan, "--part", f"{k}/2", "--to", "lmdb", "-o", lmdb, "-q"))
+    upload_tree(client, bucket, "lmdb/", lmdb)
+    proc = run(pack_bin, env, "merge", f"s3://{bucket}/lmdb/")
+    assert proc.returncode != 0
+    assert "lmdb" in proc.stderr.lower() and "pack merge DIR" in proc.stderr, proc.stderr
+
+    empty = run(pack_bin, env, "merge", f"s3://{bucket}/nothing/")
+    assert empty.returncode != 0 and "holds no parts" in empty.stderr, empty.stderr
 
 
 def test_stored_plan_locations_that_cannot_work_are_refused(pack_bin, s3_server, bucket, tmp_path):

@@ -17,6 +17,9 @@
 //!   read no faster. The copy costs one sequential pass over the data (README: "Packing on many
 //!   machines").
 //!
+//! - **In a store** (`pack merge s3://bucket/out/`): WebDataset parts uploaded under the prefix
+//!   are merged there as on disk (module `stored`); LMDB parts are refused (merged on disk only).
+//!
 //! **Keys.** A part keys its samples from the plan index of its first sample. When every file
 //! was packed, those are the final keys and nothing is rewritten. When a part skipped files,
 //! the samples after them move down to close the gap, as in a single run: LMDB renames them
@@ -41,6 +44,7 @@ use crate::size::human_bytes;
 use crate::{Error, Result};
 
 mod lmdb;
+mod stored;
 mod webdataset;
 
 /// How to merge.
@@ -50,6 +54,8 @@ pub struct MergeOptions {
     pub keep_parts: bool,
     /// Threads for rewriting WebDataset shards.
     pub threads: std::num::NonZeroUsize,
+    /// The object store endpoint for an `s3://` output (none: the environment's, else AWS).
+    pub endpoint: Option<String>,
 }
 
 /// What a merge did.
@@ -149,8 +155,14 @@ impl FoundPart {
 
 /// Merges the parts in `out` into one dataset there. See the module documentation. The bar
 /// (hidden or not) shows the bytes copied (LMDB) or rewritten (WebDataset with moved keys).
+/// `out` may be an `s3://bucket/prefix/` holding WebDataset parts (module `stored`).
 pub fn merge(out: &Path, options: &MergeOptions, bar: &dyn Progress) -> Result<Merged> {
     let started = Instant::now();
+    if let Some(url) = crate::store::StoreUrl::of_path(out)? {
+        let mut merged = stored::merge(&url, options, bar)?;
+        merged.seconds = started.elapsed().as_secs_f64();
+        return Ok(merged);
+    }
     if !out.is_dir() {
         return Err(Error::Usage(format!(
             "{}: not a directory; pass the -o directory the parts were packed into",

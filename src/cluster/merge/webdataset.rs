@@ -26,7 +26,7 @@ use crate::{Error, Result};
 use super::{dataset_bytes, FoundPart, MergeOptions};
 
 /// Where a WebDataset merge reads the parts' files and writes the merged dataset's: a local
-/// directory ([`Local`]), or, to come, a store prefix. The merge itself — which keys
+/// directory ([`Local`]) or a store prefix ([`super::stored`]). The merge itself — which keys
 /// move, what every checksum becomes, what the dataset-level files hold — is the same code for
 /// both, so a merge in a store leaves the objects a local merge leaves as files.
 pub(super) trait Files: Sync {
@@ -420,7 +420,7 @@ mod tests {
     fn merged_shards_read_as_one_dataset_with_keys_without_a_gap() {
         let dir = tempfile::tempdir().unwrap();
         let (tree, out) = parts(dir.path(), limits(), 3);
-        let options = MergeOptions { keep_parts: false, threads: NonZeroUsize::MIN };
+        let options = MergeOptions { keep_parts: false, threads: NonZeroUsize::MIN, endpoint: None };
         let merged = merge(&out, &options, &crate::progress::Silent).unwrap();
         let dataset = imgpack_reader::open(&out).unwrap().verify_checksums(true).unwrap();
         assert_eq!((dataset.len(), merged.skipped.len()), (merged.packed, 1));
