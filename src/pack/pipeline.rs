@@ -63,7 +63,8 @@ const CHUNK_SAMPLES: usize = 1024;
 pub fn pack(config: &PackConfig, bar: &dyn Progress) -> Result<Report> {
     // A plan stored as an object is packed from a local copy, as a plan file is.
     if let Some(copy) = crate::source::plan::StoredPlan::fetch(&config.source, config.endpoint.as_deref())? {
-        return pack(&PackConfig { source: copy.path().to_path_buf(), ..config.clone() }, bar);
+        let local = PackConfig { source: copy.path().to_path_buf(), ..config.clone() };
+        return pack(&local, bar).map_err(|e| copy.named(e));
     }
     if config.source.is_file() {
         if !crate::source::plan::is_plan(&config.source) {

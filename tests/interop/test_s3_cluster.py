@@ -76,6 +76,9 @@ def test_a_stored_plan_packs_whole_and_in_parts_as_the_local_plan(pack_bin, s3_s
         ok(run(pack_bin, env, plan, "--to", "webdataset", "-o", local, *SHARD, *args, "-q"))
         ok(run(pack_bin, env, url, "--to", "webdataset", "-o", remote, *SHARD, *args, "-q"))
         assert local_files(remote) == local_files(local), name
+    # Messages name the plan as given, not the temporary copy it is read from.
+    proc = run(pack_bin, env, url, "--to", "webdataset", "-o", tmp_path / "x", "--shuffle")
+    assert proc.returncode == 2 and f"the plan {url} fixed the order" in proc.stderr, proc.stderr
 
 
 def test_a_plan_of_a_stored_tree_reads_the_images_from_the_store(pack_bin, s3_server, bucket, tmp_path):

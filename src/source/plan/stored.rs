@@ -100,6 +100,8 @@ pub struct StoredPlan {
     /// The temporary directory holding the copy.
     _dir: tempfile::TempDir,
     path: PathBuf,
+    /// `s3://bucket/key`.
+    url: String,
 }
 
 impl StoredPlan {
@@ -126,11 +128,25 @@ impl StoredPlan {
                 ),
             });
         }
-        Ok(Some(StoredPlan { _dir: dir, path }))
+        Ok(Some(StoredPlan { _dir: dir, path, url: object.url() }))
     }
 
     /// The local copy.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// `err`, from packing the local copy, naming the plan as the user did (`s3://bucket/key`)
+    /// rather than the temporary copy: "the plan s3://... fixed the order", "s3://...: not a
+    /// plan written by `pack plan`: line 7".
+    pub fn named(&self, err: Error) -> Error {
+        let copy = self.path.display().to_string();
+        let rename = |path: PathBuf| if path == self.path { PathBuf::from(&self.url) } else { path };
+        match err {
+            Error::Usage(text) => Error::Usage(text.replace(&copy, &self.url)),
+            Error::BadSource { path, reason } => Error::BadSource { path: rename(path), reason },
+            Error::Io { path, source } => Error::Io { path: rename(path), source },
+            other => other,
+        }
     }
 }
