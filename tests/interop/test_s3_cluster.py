@@ -167,6 +167,10 @@ def test_a_merge_in_the_store_names_missing_parts_and_refuses_lmdb(pack_bin, s3_
     assert proc.returncode != 0, proc.stdout
     assert f"part 1 of {PARTS} is missing" in proc.stderr and f"s3://{bucket}/gap/part-0001-of-{PARTS:04d}" in proc.stderr
     assert "imgpack.json" not in objects(client, bucket, "gap/")
+    # An interrupted run's temporary directory, synced up with the rest, is named as such.
+    client.put_object(Bucket=bucket, Key=f"gap/.part-0001-of-{PARTS:04d}.imgpack-tmp/x.tar", Body=b"x")
+    proc = run(pack_bin, env, "merge", f"s3://{bucket}/gap/")
+    assert proc.returncode != 0 and f"part 1 of {PARTS} is still being written" in proc.stderr, proc.stderr
 
     plan = tmp_path / "tree.plan"
     lmdb = tmp_path / "lmdb"

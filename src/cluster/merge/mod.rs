@@ -445,6 +445,30 @@ fn check_parts(
 }
 
 #[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_directories_are_found_among_a_stores_key_prefixes() {
+        // A store lists keys: their first part, once per object.
+        let names = [
+            "part-0001-of-0003",
+            "part-0000-of-0003",
+            "part-0000-of-0003",
+            ".part-0002-of-0003.imgpack-tmp",
+            "imgpack.json",
+            "part-3-of-3",
+        ];
+        let (finished, unfinished) = sort_part_dirs(names.map(String::from));
+        assert_eq!(
+            finished,
+            [("part-0000-of-0003".to_string(), (0, 3)), ("part-0001-of-0003".to_string(), (1, 3))]
+        );
+        assert_eq!(unfinished, BTreeMap::from([((2, 3), ".part-0002-of-0003.imgpack-tmp".to_string())]));
+    }
+}
+
+#[cfg(test)]
 pub(crate) mod testing {
     //! Parts for the merge tests: testdata with one broken image first, planned and packed as
     //! parts by the real pipeline, so the part after the broken image must be renumbered.

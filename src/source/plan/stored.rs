@@ -150,3 +150,47 @@ impl StoredPlan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where `text` points, without a request: (prefix the store is opened at, object name).
+    fn object(text: &str) -> Option<(String, String)> {
+        let object = StoredObject::at(text, Some("http://127.0.0.1:9")).unwrap()?;
+        Some((object.store.url().to_string(), object.name))
+    }
+
+    #[test]
+    fn a_location_names_an_object_unless_it_ends_with_a_slash() {
+        assert_eq!(
+            object("s3://my-bucket/plans/train.plan"),
+            Some(("s3://my-bucket/plans/".into(), "train.plan".into()))
+        );
+        assert_eq!(
+            object("s3://my-bucket/train.plan"),
+            Some(("s3://my-bucket/".into(), "train.plan".into()))
+        );
+        assert_eq!(object("s3://my-bucket/plans/"), None);
+        assert_eq!(object("s3://my-bucket"), None);
+        assert_eq!(object("s3://my-bucket/"), None);
+    }
+
+    #[test]
+    fn a_plan_is_written_to_a_file_or_an_object_never_a_prefix() {
+        let endpoint = Some("http://127.0.0.1:9");
+        assert!(matches!(PlanFile::new(Path::new("t.plan"), endpoint), Ok(PlanFile::Local(_))));
+        let stored = PlanFile::new(Path::new("s3://my-bucket/p/t.plan"), endpoint).unwrap();
+        assert_eq!(stored.display(), "s3://my-bucket/p/t.plan");
+        let err = PlanFile::new(Path::new("s3://my-bucket/p/"), endpoint).unwrap_err().to_string();
+        assert!(err.contains("names a prefix") && err.contains("-o s3://my-bucket/p/train.plan"), "{err}");
+    }
+
+    #[test]
+    fn a_local_path_is_no_stored_plan_and_sends_no_request() {
+        assert!(StoredPlan::fetch(Path::new("train.plan"), Some("http://127.0.0.1:9")).unwrap().is_none());
+        assert!(StoredPlan::fetch(Path::new("s3://my-bucket/tree/"), Some("http://127.0.0.1:9"))
+            .unwrap()
+            .is_none());
+    }
+}
