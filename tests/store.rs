@@ -1,6 +1,8 @@
-//! `-o s3://...` and `pack info`/`ls`/`verify s3://...` as far as they go without a server: what is
-//! refused before any request (exit 2, saying what to do instead), and an endpoint nobody
-//! answers at (exit 1, its own message, quickly). The round trips against a real S3 server are in tests/interop/test_s3.py.
+//! Object storage as far as it goes without a server: `-o s3://...`, `pack info`/`ls`/`verify
+//! s3://...`, `pack plan` and `pack merge` on the store and stored plans. What is refused
+//! before any request (exit 2, saying what to do instead), and an endpoint nobody answers at
+//! (exit 1, its own message, quickly). The round trips against a real S3 server are in
+//! tests/interop/test_s3.py, test_s3_read.py and test_s3_cluster.py.
 
 use std::time::{Duration, Instant};
 
@@ -108,16 +110,93 @@ fn readers_of_a_store_name_an_endpoint_nobody_answers_at() {
 }
 
 #[test]
-fn commands_that_would_read_a_store_say_it_is_not_supported_yet() {
-    let url = "s3://my-bucket/shards/";
-    for args in [vec!["merge", url], vec!["plan", url, "-o", "x.plan"]] {
-        let mut cmd = pack_to_store(&[]);
-        cmd.args(&args).arg("-q");
-        let stderr = stderr_of(&mut cmd, 2);
-        assert!(
-            stderr.contains(&format!("{url}: object storage works only as the -o")),
-            "{args:?}: {stderr}"
-        );
-        assert!(stderr.contains(&format!("aws s3 sync {url} DIR")), "{args:?}: {stderr}");
+fn plan_and_merge_reach_the_store_at_the_endpoint_given() {
+    let tree = testdata().join("imagefolder");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("t.plan");
+    pack(&[&"plan", &tree, &"-o", &plan, &"-q"]).assert().success();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let out = dir.path().join("out");
+    let cases: [(Vec<&dyn AsRef<std::ffi::OsStr>>, &str); 4] = [
+        // The plan's object is asked for before the tree is walked.
+        (vec![&"plan", &tree, &"-o", &"s3://my-bucket/plans/t.plan"], "plans/t.plan"),
+        (vec![&"plan", &"s3://my-bucket/trees/train/", &"-o", &plan, &"--overwrite"], "trees/train/"),
+        (
+            vec![&"s3://my-bucket/plans/t.plan", &"--part", &"0/2", &"--to", &"lmdb", &"-o", &out],
+            "plans/t.plan",
+        ),
+        (vec![&"merge", &"s3://my-bucket/out/"], "out/"),
+    ];
+    for (args, key) in cases {
+        let mut cmd = pack_to_store(&args);
+        cmd.args(["--endpoint", &endpoint, "-q"]);
+        let stderr = stderr_of(&mut cmd, 1);
+        let expected =
+            format!("cannot connect to the store at {endpoint} (bucket \"my-bucket\", key \"{key}\")");
+        assert!(stderr.contains(&expected), "{key}: {stderr}");
     }
+    assert!(!out.exists(), "nothing written for a plan that could not be read");
+}
+
+#[test]
+fn a_plan_in_a_store_is_one_object_and_saved_measurements_are_local_files() {
+    let tree = testdata().join("imagefolder");
+    let mut cmd = pack_to_store(&[
+        &"plan",
+        &tree,
+        &"-o",
+        &"s3://my-bucket/plans/",
+        &"--endpoint",
+        &"http://127.0.0.1:9",
+    ]);
+    let stderr = stderr_of(&mut cmd, 2);
+    assert!(
+        stderr.contains("s3://my-bucket/plans/: a plan is one object, and this names a prefix")
+            && stderr.contains("-o s3://my-bucket/plans/train.plan"),
+        "{stderr}"
+    );
+    let tree = tree.to_str().unwrap();
+    let url = "s3://my-bucket/m.jsonl";
+    for (args, flag) in [
+        (vec![tree, "--save", url], "--save"),
+        (vec![tree, "--plot", url], "--plot"),
+        (vec!["--compare", url], "--compare"),
+    ] {
+        let mut cmd = pack_to_store(&[&"bench-read", &"-q"]);
+        cmd.args(&args);
+        let stderr = stderr_of(&mut cmd, 2);
+        assert!(stderr.contains(&format!("{flag} {url}: takes a local file")), "{stderr}");
+    }
+}
+
+#[test]
+fn a_part_for_a_store_goes_to_the_store_and_never_to_a_directory_named_like_it() {
+    let tree = testdata().join("imagefolder");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("t.plan");
+    pack(&[&"plan", &tree, &"-o", &plan, &"-q"]).assert().success();
+    let part = |to: &str| {
+        let mut cmd = pack_to_store(&[
+            &plan,
+            &"--part",
+            &"0/2",
+            &"--to",
+            &to,
+            &"-o",
+            &"s3://my-bucket/out/",
+            &"--endpoint",
+            &"http://127.0.0.1:9",
+        ]);
+        cmd.current_dir(dir.path());
+        cmd
+    };
+    // WebDataset parts go to the store: this one reaches for the endpoint given.
+    let stderr = stderr_of(&mut part("webdataset"), 1);
+    assert!(stderr.contains("cannot connect to the store at http://127.0.0.1:9"), "{stderr}");
+    // LMDB parts cannot: refused before any request, saying what to do.
+    let stderr = stderr_of(&mut part("lmdb"), 2);
+    assert!(stderr.contains("--to lmdb is not supported for object storage yet"), "{stderr}");
+    // The location was never taken for a directory.
+    assert!(!dir.path().join("s3:").exists());
 }

@@ -211,7 +211,9 @@ pub struct CompletionsArgs {
 
 #[derive(Debug, Args)]
 pub struct MergeArgs {
-    /// The output directory the parts were packed into (the -o of `pack PLAN --part`).
+    /// The output directory the parts were packed into (the -o of `pack PLAN --part`), or the
+    /// s3://BUCKET/PREFIX/ WebDataset parts were uploaded to (merged there: no download of the
+    /// shards unless keys move, and then each is streamed down and up again).
     #[arg(value_name = "OUT")]
     pub path: PathBuf,
 
@@ -223,6 +225,9 @@ pub struct MergeArgs {
     /// Threads for rewriting shards when keys move [default: all cores].
     #[arg(long, value_name = "N", value_parser = thread_count)]
     pub threads: Option<NonZeroUsize>,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     #[command(flatten)]
     pub output: OutputArgs,
@@ -245,19 +250,27 @@ impl MergeArgs {
         Ok(crate::cluster::merge::MergeOptions {
             keep_parts: self.keep_parts,
             threads: threads(self.threads)?,
+            endpoint: self.store.endpoint(),
         })
     }
 }
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// The root of the ImageFolder tree.
+    /// The root of the ImageFolder tree: a directory, or the s3://BUCKET/PREFIX/ it is stored
+    /// under (listed once; the plan then names it, and parts read the images from the store).
     #[arg(value_name = "SRC")]
     pub source: PathBuf,
 
-    /// Where to write the plan (a file).
+    /// Where to write the plan: a file, or an object s3://BUCKET/KEY (written in one PUT, the
+    /// same bytes as the file), so the machines of a job need no shared volume.
+    ///
+    /// Example: -o s3://datasets/plans/train.plan
     #[arg(short = 'o', long = "output", value_name = "PLAN")]
     pub out: PathBuf,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// Replace PLAN if it exists.
     #[arg(long)]

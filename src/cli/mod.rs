@@ -183,22 +183,27 @@ fn unknown_command(word: &str) -> String {
     )
 }
 
-/// Object storage is, so far, where `pack ... --to webdataset` writes and what `pack verify`,
-/// `info` and `ls` read (issue #17): another command asked to read a store location, or `pack plan`
-/// to write one, says so and how to get there, instead of "does not exist".
+/// Object storage holds datasets, trees and plans; the files `pack bench-read` saves, compares,
+/// plots or measures block by block are local files. A flag given an `s3://` location for one of
+/// those says so and how to get there, instead of "No such file or directory".
 fn refuse_store_paths(command: &Command) -> crate::Result<()> {
-    let paths: Vec<&std::path::Path> = match command {
-        // `pack s3://... --to ...` converts a stored WebDataset; `pack imagefolder s3://...` is
-        // refused by the pack configuration, which says so.
-        Command::Imagefolder(_) | Command::Convert(_) => Vec::new(),
-        Command::Plan(args) => vec![&args.source, &args.out],
-        Command::Merge(args) => vec![&args.path],
-        Command::Verify(_) | Command::Info(_) | Command::Ls(_) | Command::BenchRead(_) => Vec::new(),
-        Command::Completions(_) | Command::Man => Vec::new(),
+    let paths: Vec<(&str, &std::path::Path)> = match command {
+        Command::BenchRead(args) => {
+            let files = [("--save", &args.save), ("--plot", &args.plot), ("--file", &args.file)];
+            let mut paths: Vec<_> =
+                files.into_iter().filter_map(|(flag, path)| Some((flag, path.as_deref()?))).collect();
+            paths.extend(args.compare.iter().map(|p| ("--compare", p.as_path())));
+            paths
+        }
+        _ => Vec::new(),
     };
-    match paths.iter().map(|p| p.to_string_lossy()).find(|p| crate::store::is_store_url(p)) {
-        Some(url) => Err(crate::Error::Usage(format!(
-            "{url}: object storage works only as the -o of `pack SRC --to webdataset`, as a source, and for `pack verify`, `info`, `ls` and `bench-read` so far; copy the prefix to a local directory first (e.g. `aws s3 sync {url} DIR`) and pass DIR"
+    let stored = paths
+        .iter()
+        .map(|(flag, p)| (flag, p.to_string_lossy()))
+        .find(|(_, p)| crate::store::is_store_url(p));
+    match stored {
+        Some((flag, url)) => Err(crate::Error::Usage(format!(
+            "{flag} {url}: takes a local file, not object storage; pass a local path (copy with `aws s3 cp`, before or after)"
         ))),
         None => Ok(()),
     }
@@ -358,14 +363,17 @@ fn ls(args: &args::LsArgs) -> crate::Result<u8> {
 
 /// `pack plan`: walk the tree once, write the plan.
 fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
-    if args.out.exists() && !args.overwrite {
+    let endpoint = args.store.endpoint();
+    let out = crate::source::plan::PlanFile::new(&args.out, endpoint.as_deref())?;
+    if !args.overwrite && out.exists()? {
         return Err(crate::Error::OutputExists { path: args.out.clone() });
     }
     let extensions = args.listing.extensions()?;
     let seed = args.listing.seed();
     let threads = args.threads.unwrap_or_else(crate::pack::config::default_io_threads);
     let bar = progress_bar(args.output.quiet, PACK_BAR);
-    let header = crate::source::plan::make(&args.source, &extensions, seed, threads, &bar, &args.out)?;
+    let header =
+        crate::source::plan::make(&args.source, &extensions, seed, threads, endpoint.as_deref(), &bar, &out)?;
     for class in &header.empty_classes {
         eprintln!("warning: {}", crate::pack::report::empty_class_warning(class));
     }
@@ -376,7 +384,7 @@ fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
     if args.output.json {
         let summary = serde_json::json!({
             "type": "plan",
-            "plan": args.out.to_string_lossy(),
+            "plan": out.display(),
             "root": header.root,
             "samples": header.samples,
             "classes": header.classes.len(),
@@ -391,7 +399,7 @@ fn plan(args: &args::PlanArgs) -> crate::Result<u8> {
             header.classes.len(),
             crate::size::human_bytes(header.bytes),
             header.root,
-            args.out.display()
+            out.display()
         );
     }
     Ok(0)

@@ -41,6 +41,10 @@ pub fn prepare(config: &PackConfig, planned: &mut PackConfig, plan: &Plan, part:
             "--part packs lmdb or webdataset parts for `pack merge`; unpack a merged dataset instead".into(),
         ));
     }
+    if let Some(url) = config.store_output()? {
+        // Before anything below treats the URL as a directory (and makes one named `s3:`).
+        config.check_store_output(&url)?;
+    }
     let info = info(part, plan, plan_digest(&config.source)?);
     let store = match crate::store::StoreUrl::of_path(&config.output)? {
         Some(url) => Some(imgpack_reader::store::Store::open(&url, config.endpoint.as_deref())?),
@@ -132,8 +136,9 @@ pub fn read_meta(dir: &Path) -> Result<Option<Meta>> {
     parse_meta(dir, &raw, format).map(Some)
 }
 
-/// The metadata `raw` of the part at `dir`, of `format`, checked as [`read_meta`] says.
-fn parse_meta(dir: &Path, raw: &[u8], format: &str) -> Result<Meta> {
+/// The metadata `raw` of the finished `format` part at `dir` (a directory, or the prefix a
+/// part was uploaded to), checked as [`read_meta`] checks it.
+pub fn parse_meta(dir: &Path, raw: &[u8], format: &str) -> Result<Meta> {
     let bad = |reason: String| Error::BadSource { path: dir.to_path_buf(), reason };
     let meta: Meta =
         serde_json::from_slice(raw).map_err(|e| bad(format!("its metadata does not parse: {e}")))?;

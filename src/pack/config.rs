@@ -210,7 +210,7 @@ impl PackConfig {
     }
 
     /// Refuses what cannot be written to a store yet, saying what to do instead.
-    fn check_store_output(&self, url: &crate::store::StoreUrl) -> Result<()> {
+    pub(crate) fn check_store_output(&self, url: &crate::store::StoreUrl) -> Result<()> {
         let not_yet = |what: &str, instead: &str| {
             Err(Error::Usage(format!("-o {url}: {what} is not supported for object storage yet; {instead}")))
         };

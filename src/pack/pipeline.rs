@@ -61,6 +61,11 @@ const CHUNK_SAMPLES: usize = 1024;
 /// takes its samples, order and listing options from the plan and writes exactly what packing
 /// the planned tree directly writes.
 pub fn pack(config: &PackConfig, bar: &dyn Progress) -> Result<Report> {
+    // A plan stored as an object is packed from a local copy, as a plan file is.
+    if let Some(copy) = crate::source::plan::StoredPlan::fetch(&config.source, config.endpoint.as_deref())? {
+        let local = PackConfig { source: copy.path().to_path_buf(), ..config.clone() };
+        return pack(&local, bar).map_err(|e| copy.named(e));
+    }
     if config.source.is_file() {
         if !crate::source::plan::is_plan(&config.source) {
             return Err(Error::BadSource {
@@ -88,8 +93,8 @@ pub fn pack(config: &PackConfig, bar: &dyn Progress) -> Result<Report> {
                 PartRun::Pack(info) => Some(info),
             },
         };
-        let input =
-            Input { source: Box::new(PlanSource::new(plan)), kind: "imagefolder", root, ordered: true, part };
+        let source = Box::new(PlanSource::open(plan, config.endpoint.as_deref())?);
+        let input = Input { source, kind: "imagefolder", root, ordered: true, part };
         return run(&planned, input, bar);
     }
     if config.part.is_some() {

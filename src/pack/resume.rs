@@ -139,7 +139,7 @@ impl Journals {
     /// Stores the local copy of `name`, when the journals live in a store.
     fn store_copy(&self, name: &str) -> Result<()> {
         let Journals::Store { store, dir } = self else { return Ok(()) };
-        store.upload_file(&store_scratch(name), &dir.path().join(name), UPLOADS_RECORD)
+        store.upload_file(&store_scratch(name), &dir.path().join(name), Some(UPLOADS_RECORD))
     }
 }
 
@@ -149,8 +149,8 @@ impl Journals {
 /// `overwrite`), an interrupted run's work (objects under [`STORE_SCRATCH`] and no
 /// `imgpack.json`: kept with `resume` when it holds a journal, the journal and the listing
 /// fetched; else discarded, and the flag says so), or anything else (refused, unless
-/// `overwrite`). Whatever is kept or not, the uploads an interrupted run left open are aborted
-/// first. Cleared, `imgpack.json` goes first, so an old dataset stops being one before its
+/// `overwrite`). Whatever is kept or not, the uploads an interrupted run left open (recorded, or
+/// listed by the store) are aborted first. Cleared, `imgpack.json` goes first, so an old dataset stops being one before its
 /// shards go.
 pub fn stage_store(store: Store, overwrite: bool, resume: bool) -> Result<(Journals, Option<Journal>, bool)> {
     use imgpack_reader::webdataset::META_FILE;
@@ -168,9 +168,8 @@ pub fn stage_store(store: Store, overwrite: bool, resume: bool) -> Result<(Journ
         let (url, objects) = (store.url().to_string(), names.len());
         return Err(Error::StoreOutputExists { url, objects, dataset });
     }
-    if names.iter().any(|n| n == UPLOADS_RECORD) {
-        store.abort_recorded(UPLOADS_RECORD)?;
-    }
+    let recorded = names.iter().any(|n| n == UPLOADS_RECORD);
+    store.abort_left_uploads(recorded.then_some(UPLOADS_RECORD))?;
     let journal_object = store_scratch(JOURNAL_FILE);
     if unfinished && resume && !overwrite && names.contains(&journal_object) {
         for name in [JOURNAL_FILE, LISTING_FILE] {

@@ -113,6 +113,47 @@ impl Store {
         Ok(self.read.list()?)
     }
 
+    /// The size of object `name`, or `None` if there is no such object: one HEAD. Often the
+    /// first request of a run (is this location an object or a prefix?), so it retries only
+    /// briefly and wrong settings are reported at once.
+    pub fn size(&self, name: &str) -> Result<Option<u64>> {
+        match self.runtime().block_on(self.read.check_client().head(&self.key(name))) {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error(name, "read")(e)),
+        }
+    }
+
+    /// Object `name`, whole, in one request.
+    pub fn get(&self, name: &str) -> Result<Vec<u8>> {
+        Ok(self.read.get(name)?)
+    }
+
+    /// The first `bytes` of object `name` as they arrive, in one streamed GET: for reading a
+    /// whole object without holding it in memory.
+    pub fn stream(&self, name: &str, bytes: u64) -> Result<imgpack_reader::store::Chunks> {
+        Ok(self.read.stream(name, 0..bytes)?)
+    }
+
+    /// Copies object `name` of `bytes` bytes into the new local file `path`, streamed: one
+    /// chunk in memory at a time.
+    pub fn download(&self, name: &str, bytes: u64, path: &std::path::Path) -> Result<()> {
+        use std::io::Write;
+        let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(Error::io(path))?);
+        if bytes > 0 {
+            for chunk in self.stream(name, bytes)? {
+                file.write_all(&chunk?).map_err(Error::io(path))?;
+            }
+        }
+        file.flush().map_err(Error::io(path))
+    }
+
+    /// The names (relative to the prefix, sorted) and sizes of every object under the prefix,
+    /// retried only briefly as [`Store::list`] is.
+    pub fn list_sizes(&self) -> Result<Vec<(String, u64)>> {
+        Ok(self.read.list_sizes()?)
+    }
+
     /// Stores `bytes` as object `name`, in one request.
     pub fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
         self.runtime()

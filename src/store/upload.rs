@@ -10,12 +10,13 @@
 //!
 //! The object exists only once [`Upload::finish`] completes the upload. An upload dropped
 //! without finishing (an error, Ctrl-C) is aborted, so the store drops its parts; one whose
-//! process is killed is left incomplete in the store, invisible to readers (and billed). So a
-//! resumable run records the ids of the uploads it has open in the store itself
-//! ([`Store::record_uploads`]) before it sends their first part, and the next run on the prefix
-//! aborts them ([`Store::abort_recorded`]): `object_store` cannot list a bucket's unfinished
-//! uploads. Only a run killed in the instant between starting an upload and recording it leaves
-//! one for the bucket's lifecycle rule (`AbortIncompleteMultipartUpload`).
+//! process is killed is left incomplete in the store, invisible to readers (and billed). So the
+//! next run on the prefix aborts what a killed one left ([`Store::abort_left_uploads`]): the
+//! uploads a resumable run recorded before sending their first part ([`Store::record_uploads`]),
+//! and those S3's ListMultipartUploads lists for the objects `pack` writes
+//! ([`Store::list_uploads`]; `object_store` has no call for it, so the request is presigned with
+//! its signer). The record covers stores that do not list uploads; the listing covers a run
+//! killed between starting an upload and recording it.
 
 use std::collections::VecDeque;
 
@@ -52,7 +53,7 @@ fn part_size(max_bytes: u64) -> usize {
 /// It is driven through `object_store`'s low-level [`MultipartStore`] API rather than its
 /// `WriteMultipart` helper because that one hides the upload's id, and a run that is killed
 /// can only have its upload aborted later by someone who knows the id
-/// ([`Store::record_upload`]).
+/// ([`Store::record_uploads`]).
 pub struct Upload {
     store: Store,
     name: String,
@@ -216,8 +217,8 @@ impl Store {
     }
 
     /// Stores the local file at `path` as object `name`: in one request when it is small, else
-    /// streamed up as an upload recorded in `record`, never whole in memory.
-    pub fn upload_file(&self, name: &str, path: &std::path::Path, record: &str) -> Result<()> {
+    /// streamed up as an upload (recorded in `record`, if given), never whole in memory.
+    pub fn upload_file(&self, name: &str, path: &std::path::Path, record: Option<&str>) -> Result<()> {
         use std::io::Read;
         let mut file = std::fs::File::open(path).map_err(Error::io(path))?;
         let len = file.metadata().map_err(Error::io(path))?.len();
@@ -226,7 +227,10 @@ impl Store {
             file.read_to_end(&mut bytes).map_err(Error::io(path))?;
             return self.put(name, bytes);
         }
-        let mut upload = self.recorded_upload(name, len, record)?;
+        let mut upload = match record {
+            Some(record) => self.recorded_upload(name, len, record)?,
+            None => self.upload(name, len)?,
+        };
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = file.read(&mut buf).map_err(Error::io(path))?;
@@ -238,15 +242,90 @@ impl Store {
         upload.finish().map(drop)
     }
 
-    /// Writes object `name`, `size` bytes, to the local file at `path`, streamed: never whole
-    /// in memory.
-    pub fn download(&self, name: &str, size: u64, path: &std::path::Path) -> Result<()> {
-        use std::io::Write;
-        let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(Error::io(path))?);
-        for chunk in self.read.stream(name, 0..size)? {
-            file.write_all(&chunk?).map_err(Error::io(path))?;
+    /// The unfinished multipart uploads under the prefix that a run of `pack` could have
+    /// started — of a shard (`*.tar`), of `imgpack.index`, or under `imgpack-resume/` — as S3's
+    /// ListMultipartUploads lists them. `object_store` has no call for it, so the request is
+    /// presigned by its signer and sent with its HTTP client. Objects of other names are never
+    /// listed, so a prefix at a bucket's root leaves other writers' uploads alone.
+    pub fn list_uploads(&self) -> Result<Vec<Open>> {
+        use object_store::client::{ClientOptions, HttpConnector, ReqwestConnector};
+        use object_store::signer::{SignedUrlOptions, Signer};
+        let prefix = match self.url().prefix.as_str() {
+            "" => String::new(),
+            p => format!("{p}/"),
+        };
+        let failed = |reason: String| {
+            Error::Reader(imgpack_reader::Error::Store {
+                url: self.url().to_string(),
+                operation: "list the unfinished uploads",
+                endpoint: self.read.endpoint().to_string(),
+                reason,
+            })
+        };
+        let http = ReqwestConnector::default()
+            .connect(&ClientOptions::new().with_allow_http(true))
+            .map_err(|e| failed(e.to_string()))?;
+        let (mut uploads, mut markers) = (Vec::new(), None::<(String, String)>);
+        loop {
+            let mut query = vec![("uploads", String::new()), ("prefix", prefix.clone())];
+            if let Some((key, id)) = &markers {
+                query.extend([("key-marker", key.clone()), ("upload-id-marker", id.clone())]);
+            }
+            let options = SignedUrlOptions::default().with_query(query);
+            let root = Key::from("");
+            let minute = std::time::Duration::from_secs(60);
+            let answer = self.runtime().block_on(async {
+                let url = self.client().signed_url_opts(http::Method::GET, &root, minute, &options).await?;
+                let request = http::Request::get(url.as_str())
+                    .body(object_store::client::HttpRequestBody::from(Vec::new()))
+                    .map_err(|e| object_store::Error::Generic { store: "S3", source: e.into() })?;
+                let response = http
+                    .execute(request)
+                    .await
+                    .map_err(|e| object_store::Error::Generic { store: "S3", source: e.into() })?;
+                let status = response.status();
+                let body = response
+                    .into_body()
+                    .bytes()
+                    .await
+                    .map_err(|e| object_store::Error::Generic { store: "S3", source: e.into() })?;
+                Ok::<_, object_store::Error>((status, String::from_utf8_lossy(&body).into_owned()))
+            });
+            let (status, body) = answer.map_err(|e| failed(e.to_string()))?;
+            if !status.is_success() {
+                return Err(failed(format!("HTTP {status}: {}", body.chars().take(300).collect::<String>())));
+            }
+            let page = parse_uploads(&body);
+            uploads.extend(page.uploads.into_iter().filter(|u| {
+                let name = u.name.strip_prefix(&prefix).unwrap_or(&u.name);
+                let ours = (!name.contains('/') && (name.ends_with(".tar") || name == "imgpack.index"))
+                    || name.starts_with("imgpack-resume/");
+                ours && u.name.starts_with(&prefix)
+            }));
+            match page.next {
+                Some(next) if Some(&next) != markers.as_ref() => markers = Some(next),
+                _ => break,
+            }
         }
-        file.flush().map_err(Error::io(path))
+        for upload in &mut uploads {
+            upload.name = upload.name[prefix.len()..].to_string();
+        }
+        Ok(uploads)
+    }
+
+    /// Aborts the uploads runs killed before they could (those `record` names, and those the
+    /// store lists: [`Store::list_uploads`]), and returns how many it aborted. A store that
+    /// cannot list its unfinished uploads (or will not let these credentials) has only the
+    /// recorded ones aborted.
+    pub fn abort_left_uploads(&self, record: Option<&str>) -> Result<usize> {
+        let mut aborted = match record {
+            Some(record) => self.abort_recorded(record)?,
+            None => 0,
+        };
+        if let Ok(listed) = self.list_uploads() {
+            aborted += self.abort(listed)?;
+        }
+        Ok(aborted)
     }
 
     /// Aborts every upload object `record` names (an upload that has completed or was aborted
@@ -263,6 +342,11 @@ impl Store {
             path: self.url().object(record).into(),
             reason: format!("the record of open uploads is unreadable ({e}); delete it and run again"),
         })?;
+        self.abort(uploads)
+    }
+
+    /// Aborts `uploads`, passing over those that are gone already; returns how many it aborted.
+    fn abort(&self, uploads: Vec<Open>) -> Result<usize> {
         let mut aborted = 0;
         for open in uploads {
             let key = self.key(&open.name);
@@ -278,9 +362,73 @@ impl Store {
     }
 }
 
+/// One page of a ListMultipartUploads answer.
+#[derive(Debug, Default, PartialEq)]
+struct UploadsPage {
+    /// Full keys and upload ids.
+    uploads: Vec<Open>,
+    /// The key and upload-id markers of the next page, if the answer is truncated.
+    next: Option<(String, String)>,
+}
+
+/// Reads a ListMultipartUploads answer (S3's XML) for what it holds: a handful of flat
+/// elements, read by name rather than with an XML library.
+fn parse_uploads(xml: &str) -> UploadsPage {
+    fn text<'a>(xml: &'a str, tag: &str) -> Option<&'a str> {
+        let open = format!("<{tag}>");
+        let start = xml.find(&open)? + open.len();
+        let end = xml[start..].find(&format!("</{tag}>"))? + start;
+        Some(&xml[start..end])
+    }
+    fn unescape(text: &str) -> String {
+        text.replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&quot;", "\"")
+            .replace("&apos;", "'")
+            .replace("&#39;", "'")
+            .replace("&amp;", "&")
+    }
+    let mut page = UploadsPage::default();
+    let mut rest = xml;
+    while let Some(start) = rest.find("<Upload>") {
+        let Some(len) = rest[start..].find("</Upload>") else { break };
+        let upload = &rest[start..start + len];
+        if let (Some(key), Some(id)) = (text(upload, "Key"), text(upload, "UploadId")) {
+            page.uploads.push(Open { name: unescape(key), id: unescape(id) });
+        }
+        rest = &rest[start + len..];
+    }
+    if text(xml, "IsTruncated") == Some("true") {
+        let marker = |tag| text(xml, tag).map(unescape).unwrap_or_default();
+        page.next = Some((marker("NextKeyMarker"), marker("NextUploadIdMarker")));
+    }
+    page
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_uploads_listing_gives_keys_ids_and_the_next_page() {
+        let xml = r#"<?xml version="1.0" encoding="UTF-8"?>
+<ListMultipartUploadsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Bucket>b</Bucket>
+<KeyMarker></KeyMarker><UploadIdMarker></UploadIdMarker><NextKeyMarker>ds/shard-000001.tar</NextKeyMarker>
+<NextUploadIdMarker>id-2</NextUploadIdMarker><MaxUploads>2</MaxUploads><IsTruncated>true</IsTruncated>
+<Upload><Key>ds/shard-000000.tar</Key><UploadId>id-1</UploadId><Initiated>2026-12-02T20:00:00Z</Initiated></Upload>
+<Upload><Key>ds/a&amp;b/shard-000001.tar</Key><UploadId>id-2</UploadId></Upload></ListMultipartUploadsResult>"#;
+        let page = parse_uploads(xml);
+        let open = |name: &str, id: &str| Open { name: name.into(), id: id.into() };
+        assert_eq!(
+            page.uploads,
+            [open("ds/shard-000000.tar", "id-1"), open("ds/a&b/shard-000001.tar", "id-2")]
+        );
+        assert_eq!(page.next, Some(("ds/shard-000001.tar".into(), "id-2".into())));
+        let last = parse_uploads(
+            "<ListMultipartUploadsResult><IsTruncated>false</IsTruncated></ListMultipartUploadsResult>",
+        );
+        assert_eq!(last, UploadsPage::default());
+    }
 
     #[test]
     fn parts_are_8_mib_unless_the_object_could_need_too_many() {

@@ -373,15 +373,19 @@ def test_a_killed_run_leaves_no_dataset_and_resume_ends_as_an_uninterrupted_run(
     # A reader refuses the prefix, naming what is missing.
     ls = run(pack_bin, env, "info", url)
     assert ls.returncode != 0 and "imgpack.json" in ls.stderr, ls.stderr
+    # An upload the killed run started but had not recorded yet (the store lists it), and one of
+    # someone else's, outside the prefix.
+    client.create_multipart_upload(Bucket=bucket, Key="killed/shard-000099.tar")
+    client.create_multipart_upload(Bucket=bucket, Key="elsewhere/big.bin")
     # --resume keeps the stored shards and ends object for object as an uninterrupted run, with
-    # the killed run's open upload aborted and nothing kept for resuming left behind.
+    # the killed run's open uploads aborted and nothing kept for resuming left behind.
     resumed = run(pack_bin, env, *args, "-o", url, "--resume", "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["resumed"] > 0, resumed.stdout
     local = tmp_path / "local"
     assert run(pack_bin, env, *args, "-o", local).returncode == 0
     assert objects(client, bucket, "killed/") == local_files(local)
-    assert pending_uploads(client, bucket) == []
+    assert pending_uploads(client, bucket) == ["elsewhere/big.bin"], "another's upload was aborted"
     # Resuming a finished dataset has nothing to do; without --resume it already exists.
     again = run(pack_bin, env, *[a for a in args if a != "-q"], "-o", url, "--resume")
     assert again.returncode == 0 and "nothing was written" in again.stdout, again.stdout

@@ -165,12 +165,17 @@ def test_verify_names_damage_in_the_store(pack_bin, s3_server, bucket, stored):
     assert proc.returncode == 1 and "no imgpack.json" in proc.stderr, proc.stderr
 
 
-def test_commands_that_cannot_read_a_store_yet_say_so(pack_bin, s3_server, stored):
+def test_merge_and_plan_of_a_stored_dataset_say_what_it_is(pack_bin, s3_server, stored, tmp_path):
     _, url = stored
-    for args in (["merge", url], ["plan", url, "-o", "x.plan"]):
-        proc = run(pack_bin, s3_server.env(), *args)
-        assert proc.returncode == 2, proc.stderr
-        assert "copy the prefix to a local directory first" in proc.stderr and "aws s3 sync" in proc.stderr
+    env = s3_server.env()
+    proc = run(pack_bin, env, "merge", url, "--json")
+    assert proc.returncode == 0, proc.stderr
+    merged = json.loads(proc.stdout)
+    assert merged["already_merged"] and merged["parts"] == 0, merged
+    assert "nothing to merge" in run(pack_bin, env, "merge", url).stdout
+    proc = run(pack_bin, env, "plan", url, "-o", tmp_path / "x.plan")
+    assert proc.returncode == 1 and "has no class folders" in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.plan").exists()
 
 
 @pytest.mark.parametrize("to", ["lmdb", "webdataset", "imagefolder"])

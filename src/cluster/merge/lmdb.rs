@@ -146,7 +146,7 @@ mod tests {
     fn parts_after_a_skip_are_renamed_to_keys_without_a_gap() {
         let dir = tempfile::tempdir().unwrap();
         let (tree, out) = parts(dir.path(), OutputFormat::Lmdb, 3);
-        let options = MergeOptions { keep_parts: false, threads: NonZeroUsize::MIN };
+        let options = MergeOptions { keep_parts: false, threads: NonZeroUsize::MIN, endpoint: None };
         let merged = merge(&out, &options, &crate::progress::Silent).unwrap();
         assert_eq!(merged.skipped.len(), 1, "the broken image");
         assert_eq!(merged.renumbered_parts, 2, "the parts after the one that skipped sample 0");

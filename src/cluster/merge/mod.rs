@@ -17,6 +17,9 @@
 //!   read no faster. The copy costs one sequential pass over the data (README: "Packing on many
 //!   machines").
 //!
+//! - **In a store** (`pack merge s3://bucket/out/`): WebDataset parts uploaded under the prefix
+//!   are merged there as on disk (module `stored`); LMDB parts are refused (merged on disk only).
+//!
 //! **Keys.** A part keys its samples from the plan index of its first sample. When every file
 //! was packed, those are the final keys and nothing is rewritten. When a part skipped files,
 //! the samples after them move down to close the gap, as in a single run: LMDB renames them
@@ -41,6 +44,7 @@ use crate::size::human_bytes;
 use crate::{Error, Result};
 
 mod lmdb;
+mod stored;
 mod webdataset;
 
 /// How to merge.
@@ -50,6 +54,8 @@ pub struct MergeOptions {
     pub keep_parts: bool,
     /// Threads for rewriting WebDataset shards.
     pub threads: std::num::NonZeroUsize,
+    /// The object store endpoint for an `s3://` output (none: the environment's, else AWS).
+    pub endpoint: Option<String>,
 }
 
 /// What a merge did.
@@ -149,8 +155,14 @@ impl FoundPart {
 
 /// Merges the parts in `out` into one dataset there. See the module documentation. The bar
 /// (hidden or not) shows the bytes copied (LMDB) or rewritten (WebDataset with moved keys).
+/// `out` may be an `s3://bucket/prefix/` holding WebDataset parts (module `stored`).
 pub fn merge(out: &Path, options: &MergeOptions, bar: &dyn Progress) -> Result<Merged> {
     let started = Instant::now();
+    if let Some(url) = crate::store::StoreUrl::of_path(out)? {
+        let mut merged = stored::merge(&url, options, bar)?;
+        merged.seconds = started.elapsed().as_secs_f64();
+        return Ok(merged);
+    }
     if !out.is_dir() {
         return Err(Error::Usage(format!(
             "{}: not a directory; pass the -o directory the parts were packed into",
@@ -162,43 +174,54 @@ pub fn merge(out: &Path, options: &MergeOptions, bar: &dyn Progress) -> Result<M
         already_merged(out, options)?
     } else {
         let parts = find_parts(out)?;
-        let first = &parts[0];
-        let mut meta = Meta {
-            samples: parts.iter().map(|p| p.meta.samples).sum(),
-            fields: parts
-                .iter()
-                .flat_map(|p| p.meta.fields.iter().cloned())
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect(),
-            tool: crate::TOOL.into(),
-            version: FORMAT_VERSION,
-            checksum: Some(imgpack_reader::checksum::ALGORITHM.into()),
-            shards: Vec::new(),
-            part: None,
-            ..first.meta.clone()
-        };
+        let mut meta = merged_meta(&parts);
         let bytes_out = if meta.format == imgpack_reader::lmdb::FORMAT_NAME {
             lmdb::merge(out, &parts, &meta, options, bar)?
         } else {
-            webdataset::merge(out, &parts, &mut meta, options, bar)?
+            webdataset::merge(&webdataset::Local { out }, &parts, &mut meta, options, bar)?
         };
-        Merged {
-            kind: "merge",
-            output: out.to_path_buf(),
-            format: short_format(&meta.format),
-            parts: first.info.count,
-            found: first.info.plan_samples,
-            packed: meta.samples,
-            skipped: skipped(parts.iter().map(|p| &p.info), &first.meta.source.root),
-            renumbered_parts: parts.iter().filter(|p| p.renumbered()).count() as u64,
-            already_merged: false,
-            bytes_out,
-            seconds: 0.0,
-        }
+        summary(out.to_path_buf(), &parts, &meta, bytes_out)
     };
     merged.seconds = started.elapsed().as_secs_f64();
     Ok(merged)
+}
+
+/// The metadata of the dataset merged from `parts` (found and checked by [`find_parts`]),
+/// before the format's merge adds its shards.
+fn merged_meta(parts: &[FoundPart]) -> Meta {
+    Meta {
+        samples: parts.iter().map(|p| p.meta.samples).sum(),
+        fields: parts
+            .iter()
+            .flat_map(|p| p.meta.fields.iter().cloned())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        tool: crate::TOOL.into(),
+        version: FORMAT_VERSION,
+        checksum: Some(imgpack_reader::checksum::ALGORITHM.into()),
+        shards: Vec::new(),
+        part: None,
+        ..parts[0].meta.clone()
+    }
+}
+
+/// What a merge of `parts` into `out` that wrote `meta` and `bytes_out` bytes reports.
+fn summary(out: PathBuf, parts: &[FoundPart], meta: &Meta, bytes_out: u64) -> Merged {
+    let first = &parts[0];
+    Merged {
+        kind: "merge",
+        output: out,
+        format: short_format(&meta.format),
+        parts: first.info.count,
+        found: first.info.plan_samples,
+        packed: meta.samples,
+        skipped: skipped(parts.iter().map(|p| &p.info), &first.meta.source.root),
+        renumbered_parts: parts.iter().filter(|p| p.renumbered()).count() as u64,
+        already_merged: false,
+        bytes_out,
+        seconds: 0.0,
+    }
 }
 
 fn short_format(format: &str) -> String {
@@ -234,12 +257,18 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
             }
         }
     }
+    Ok(already_summary(out.to_path_buf(), &meta, &infos, dataset_bytes(out, &meta)))
+}
+
+/// What a merge of an output that an earlier merge finished (`meta`, from parts `infos`, of
+/// `bytes_out` bytes) reports.
+fn already_summary(out: PathBuf, meta: &Meta, infos: &[PartInfo], bytes_out: u64) -> Merged {
     // A WebDataset merged from parts lists its shards in the part directories; a single run's
     // lists them at the top, and has no part directory: `parts` is then 0.
-    let count = shard_dirs(&meta).len();
-    Ok(Merged {
+    let count = shard_dirs(meta).len();
+    Merged {
         kind: "merge",
-        output: out.to_path_buf(),
+        output: out,
         format: short_format(&meta.format),
         parts: infos.first().map_or(count as u64, |p| p.count),
         found: meta.samples + infos.iter().map(|p| p.skipped.len() as u64).sum::<u64>(),
@@ -247,9 +276,9 @@ fn already_merged(out: &Path, options: &MergeOptions) -> Result<Merged> {
         skipped: skipped(infos.iter(), &meta.source.root),
         renumbered_parts: 0,
         already_merged: true,
-        bytes_out: dataset_bytes(out, &meta),
+        bytes_out,
         seconds: 0.0,
-    })
+    }
 }
 
 /// The part directories a merged dataset's shards are in (none for one run's output).
@@ -270,15 +299,26 @@ fn remove_if_present(path: &Path) -> Result<()> {
     }
 }
 
+/// The part directories in `out`, finished and unfinished, by name.
+type PartDirs = (Vec<(String, (u64, u64))>, BTreeMap<(u64, u64), String>);
+
 /// The finished part directories in `out` (name, (index, count)) and the unfinished ones
 /// (their temporary directories), by name.
-#[allow(clippy::type_complexity)]
-pub(crate) fn part_dirs(out: &Path) -> Result<(Vec<(String, (u64, u64))>, BTreeMap<(u64, u64), String>)> {
-    let mut finished = Vec::new();
-    let mut unfinished = BTreeMap::new();
+pub(crate) fn part_dirs(out: &Path) -> Result<PartDirs> {
+    let mut names = Vec::new();
     for entry in fs::read_dir(out).map_err(Error::io(out))? {
         let entry = entry.map_err(Error::io(out))?;
-        let Ok(name) = entry.file_name().into_string() else { continue };
+        names.extend(entry.file_name().into_string().ok());
+    }
+    Ok(sort_part_dirs(names))
+}
+
+/// Of the entry `names` of an output (files and directories on disk, the first `/`-separated
+/// part of the keys in a store), the finished part directories and the unfinished ones.
+fn sort_part_dirs(names: impl IntoIterator<Item = String>) -> PartDirs {
+    let mut finished = Vec::new();
+    let mut unfinished = BTreeMap::new();
+    for name in names {
         if let Some(part) = parse_dir_name(&name) {
             finished.push((name, part));
         } else if let Some(part) =
@@ -288,14 +328,25 @@ pub(crate) fn part_dirs(out: &Path) -> Result<(Vec<(String, (u64, u64))>, BTreeM
         }
     }
     finished.sort();
-    Ok((finished, unfinished))
+    finished.dedup();
+    (finished, unfinished)
 }
 
-/// Every part of the output, checked to be present, finished and of one plan; with the keys
-/// their samples take in the merged dataset.
+/// Every part in the directory `out`, checked as [`check_parts`] does.
 fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
+    check_parts(out, part_dirs(out)?, |name| crate::cluster::part::read_meta(&out.join(name)))
+}
+
+/// Every part of the output `out`, whose part directories are `dirs`, checked to be present,
+/// finished and of one plan; with the keys their samples take in the merged dataset.
+/// `read_meta` reads the metadata of the part directory it is given the name of (`None` when
+/// there is none: the part is not finished).
+fn check_parts(
+    out: &Path,
+    (finished, unfinished): PartDirs,
+    read_meta: impl Fn(&str) -> Result<Option<Meta>>,
+) -> Result<Vec<FoundPart>> {
     let refuse = |reason: String| Error::Merge { path: out.to_path_buf(), reason };
-    let (finished, unfinished) = part_dirs(out)?;
     let counts: BTreeSet<u64> =
         finished.iter().map(|(_, (_, n))| *n).chain(unfinished.keys().map(|(_, n)| *n)).collect();
     let count = match counts.len() {
@@ -334,7 +385,7 @@ fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
     let mut parts: Vec<FoundPart> = Vec::with_capacity(count as usize);
     for (k, name) in present {
         let dir = out.join(&name);
-        let meta = crate::cluster::part::read_meta(&dir)?.ok_or_else(|| {
+        let meta = read_meta(&name)?.ok_or_else(|| {
             refuse(format!("{} holds no finished part (no metadata); run its command again", dir.display()))
         })?;
         let Some(info) = meta.part.clone() else {
@@ -394,6 +445,30 @@ fn find_parts(out: &Path) -> Result<Vec<FoundPart>> {
 }
 
 #[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_directories_are_found_among_a_stores_key_prefixes() {
+        // A store lists keys: their first part, once per object.
+        let names = [
+            "part-0001-of-0003",
+            "part-0000-of-0003",
+            "part-0000-of-0003",
+            ".part-0002-of-0003.imgpack-tmp",
+            "imgpack.json",
+            "part-3-of-3",
+        ];
+        let (finished, unfinished) = sort_part_dirs(names.map(String::from));
+        assert_eq!(
+            finished,
+            [("part-0000-of-0003".to_string(), (0, 3)), ("part-0001-of-0003".to_string(), (1, 3))]
+        );
+        assert_eq!(unfinished, BTreeMap::from([((2, 3), ".part-0002-of-0003.imgpack-tmp".to_string())]));
+    }
+}
+
+#[cfg(test)]
 pub(crate) mod testing {
     //! Parts for the merge tests: testdata with one broken image first, planned and packed as
     //! parts by the real pipeline, so the part after the broken image must be renumbered.
@@ -430,8 +505,9 @@ pub(crate) mod testing {
             &extensions,
             None,
             std::num::NonZeroUsize::MIN,
+            None,
             &crate::progress::Silent,
-            &plan,
+            &crate::source::plan::PlanFile::Local(plan.clone()),
         )
         .unwrap();
         let out = dir.join("out");

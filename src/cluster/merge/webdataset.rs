@@ -5,7 +5,7 @@
 use std::fs::{self, File};
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use imgpack_reader::checksum::crc32;
 use imgpack_reader::key::{format_key, split_field_name};
@@ -25,10 +25,129 @@ use crate::{Error, Result};
 
 use super::{dataset_bytes, FoundPart, MergeOptions};
 
-/// Writes the dataset-level files of a WebDataset merged from `parts` (renumbering the parts
-/// that need it first); `meta` gets the shard list. Returns the dataset's size.
+/// Where a WebDataset merge reads the parts' files and writes the merged dataset's: a local
+/// directory ([`Local`]) or a store prefix ([`super::stored`]). The merge itself — which keys
+/// move, what every checksum becomes, what the dataset-level files hold — is the same code for
+/// both, so a merge in a store leaves the objects a local merge leaves as files.
+pub(super) trait Files: Sync {
+    /// The sample index (`imgpack.index`) of `part`, to read from its start.
+    fn index(&self, part: &FoundPart) -> Result<Box<dyn Read + '_>>;
+    /// Opens shard `shard` of `part` to be renumbered ([`renumber_shard`]).
+    fn shard(&self, part: &FoundPart, shard: &ShardInfo) -> Result<Box<dyn Shard + '_>>;
+    /// Where the merged index is written before [`Files::publish_file`] publishes it.
+    fn index_temp(&self) -> PathBuf;
+    /// Publishes the file at `temp` as the dataset's file `name`.
+    fn publish_file(&self, temp: &Path, name: &str) -> Result<()>;
+    /// Writes `bytes` as file `name` (relative to the output: `part-.../x.idx`, `imgpack.json`).
+    fn publish(&self, name: &str, bytes: &[u8]) -> Result<()>;
+    /// The bytes the merged dataset `meta` occupies.
+    fn dataset_bytes(&self, meta: &Meta) -> Result<u64>;
+}
+
+/// One shard being renumbered: read sample by sample, in order, and written back.
+pub(super) trait Shard {
+    /// How messages name it.
+    fn path(&self) -> &Path;
+    /// Reads the sample at `entry` into `buf` (entries come in order, contiguous from offset 0).
+    fn read(&mut self, entry: &IndexEntry, buf: &mut [u8]) -> Result<()>;
+    /// Writes back the sample read at `entry`, now `buf`: only the tar headers at the offsets
+    /// `changed` (of `buf`) differ from what was read.
+    fn write(&mut self, entry: &IndexEntry, buf: &[u8], changed: &[usize]) -> Result<()>;
+    /// Reads the bytes from `pos` to the end of the shard (the end-of-archive blocks) and
+    /// writes them back as they are.
+    fn tail(&mut self, pos: u64) -> Result<Vec<u8>>;
+    /// Makes what was written durable; the shard holds its new names when this returns.
+    fn finish(self: Box<Self>) -> Result<()>;
+}
+
+/// A merge in a local directory: shards are rewritten in place, a header at a time.
+pub(super) struct Local<'a> {
+    /// The output directory.
+    pub out: &'a Path,
+}
+
+impl Files for Local<'_> {
+    fn index(&self, part: &FoundPart) -> Result<Box<dyn Read + '_>> {
+        let path = part.dir.join(SAMPLE_INDEX_FILE);
+        Ok(Box::new(BufReader::new(File::open(&path).map_err(Error::io(&path))?)))
+    }
+
+    fn shard(&self, part: &FoundPart, shard: &ShardInfo) -> Result<Box<dyn Shard + '_>> {
+        let path = part.dir.join(&shard.name);
+        let file = fs::OpenOptions::new().read(true).write(true).open(&path).map_err(Error::io(&path))?;
+        let len = file.metadata().map_err(Error::io(&path))?.len();
+        if len != shard.bytes {
+            return Err(damaged(&path, format!("{len} bytes, the part's metadata says {}", shard.bytes)));
+        }
+        Ok(Box::new(LocalShard { file, path, len }))
+    }
+
+    fn index_temp(&self) -> PathBuf {
+        crate::fs::temp_path(&self.out.join(SAMPLE_INDEX_FILE))
+    }
+
+    fn publish_file(&self, temp: &Path, name: &str) -> Result<()> {
+        let path = self.out.join(name);
+        fs::rename(temp, &path).map_err(Error::io(&path))
+    }
+
+    fn publish(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        replace_file(&self.out.join(name), bytes)
+    }
+
+    fn dataset_bytes(&self, meta: &Meta) -> Result<u64> {
+        Ok(dataset_bytes(self.out, meta))
+    }
+}
+
+/// A shard file rewritten in place: only the headers that change are written.
+struct LocalShard {
+    file: File,
+    path: PathBuf,
+    len: u64,
+}
+
+impl Shard for LocalShard {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read(&mut self, entry: &IndexEntry, buf: &mut [u8]) -> Result<()> {
+        self.file.read_exact_at(buf, entry.offset).map_err(Error::io(&self.path))
+    }
+
+    fn write(&mut self, entry: &IndexEntry, buf: &[u8], changed: &[usize]) -> Result<()> {
+        for &at in changed {
+            self.file
+                .write_all_at(&buf[at..at + BLOCK as usize], entry.offset + at as u64)
+                .map_err(Error::io(&self.path))?;
+        }
+        Ok(())
+    }
+
+    fn tail(&mut self, pos: u64) -> Result<Vec<u8>> {
+        let mut tail = vec![0u8; self.len.saturating_sub(pos) as usize];
+        self.file.read_exact_at(&mut tail, pos).map_err(Error::io(&self.path))?;
+        Ok(tail)
+    }
+
+    fn finish(self: Box<Self>) -> Result<()> {
+        self.file.sync_data().map_err(Error::io(&self.path))
+    }
+}
+
+/// The error for a damaged shard or index at `path`.
+pub(super) fn damaged(path: &Path, reason: String) -> Error {
+    Error::Merge {
+        path: path.to_path_buf(),
+        reason: format!("{reason}; the part is damaged: re-pack it with --overwrite"),
+    }
+}
+
+/// Writes the dataset-level files of a WebDataset merged from `parts` into `files` (renumbering
+/// the parts that need it first); `meta` gets the shard list. Returns the dataset's size.
 pub(super) fn merge(
-    out: &Path,
+    files: &dyn Files,
     parts: &[FoundPart],
     meta: &mut Meta,
     options: &MergeOptions,
@@ -40,14 +159,13 @@ pub(super) fn merge(
         .num_threads(options.threads.get())
         .build()
         .map_err(|e| Error::Threads { threads: options.threads.get(), reason: e.to_string() })?;
-    let index_path = out.join(SAMPLE_INDEX_FILE);
-    let index_temp = crate::fs::temp_path(&index_path);
+    let index_temp = files.index_temp();
     let io = Error::io(&index_temp);
     let mut index = BufWriter::new(File::create(&index_temp).map_err(io)?);
     index.write_all(&[0; INDEX_HEADER_LEN]).map_err(Error::io(&index_temp))?;
     let mut shards: Vec<ShardInfo> = Vec::new();
     for part in parts {
-        let mut entries = read_index(part)?;
+        let mut entries = read_index(part, files.index(part)?)?;
         let mut part_shards = part.meta.shards.clone();
         if part.renumbered() {
             let results: Vec<Result<Renumbered>> = pool.install(|| {
@@ -55,7 +173,7 @@ pub(super) fn merge(
                     .par_iter()
                     .map(|shard| {
                         let range = shard.first as usize..(shard.first + shard.samples) as usize;
-                        let renumbered = renumber_shard(part, shard, &entries[range]);
+                        let renumbered = renumber_shard(files, part, shard, &entries[range]);
                         bar.advance(shard.bytes);
                         renumbered
                     })
@@ -88,22 +206,22 @@ pub(super) fn merge(
     index.seek(SeekFrom::Start(0)).map_err(Error::io(&index_temp))?;
     index.write_all(&header.encode()).and_then(|()| index.sync_all()).map_err(Error::io(&index_temp))?;
     drop(index);
-    fs::rename(&index_temp, &index_path).map_err(Error::io(&index_path))?;
-    replace_file(&out.join(WIDS_INDEX_FILE), &json_bytes(&WidsIndex::of(&meta.shards)))?;
+    files.publish_file(&index_temp, SAMPLE_INDEX_FILE)?;
+    files.publish(WIDS_INDEX_FILE, &json_bytes(&WidsIndex::of(&meta.shards)))?;
     // Last: a directory with imgpack.json is a finished dataset.
-    replace_file(&out.join(META_FILE), &meta_json)?;
+    files.publish(META_FILE, &meta_json)?;
     bar.finish();
-    Ok(dataset_bytes(out, meta))
+    files.dataset_bytes(meta)
 }
 
-/// The index entries of a WebDataset part, checked against its metadata.
-fn read_index(part: &FoundPart) -> Result<Vec<IndexEntry>> {
+/// The index entries of a WebDataset part, read from `file`, checked against its metadata.
+fn read_index(part: &FoundPart, file: impl Read) -> Result<Vec<IndexEntry>> {
     let path = part.dir.join(SAMPLE_INDEX_FILE);
     let damaged = |reason: String| Error::Merge {
         path: part.dir.clone(),
         reason: format!("{SAMPLE_INDEX_FILE}: {reason}; the part is damaged: re-pack it with --overwrite"),
     };
-    let mut file = BufReader::new(File::open(&path).map_err(Error::io(&path))?);
+    let mut file = BufReader::new(file);
     let mut header = [0u8; INDEX_HEADER_LEN];
     file.read_exact(&mut header).map_err(Error::io(&path))?;
     let header = IndexHeader::decode(&header).ok_or_else(|| damaged("no valid header".into()))?;
@@ -127,7 +245,7 @@ fn read_index(part: &FoundPart) -> Result<Vec<IndexEntry>> {
 }
 
 /// A shard after renumbering.
-struct Renumbered {
+pub(super) struct Renumbered {
     /// The whole shard's CRC-32.
     crc32: u32,
     /// Its MD5, if the part's shards have one (packed with `--md5`).
@@ -137,33 +255,32 @@ struct Renumbered {
 }
 
 /// Gives the samples of one shard of a part their merged keys: rewrites each member's tar
-/// header in place (only if it still carries the part's key), checks the sample against its
-/// recorded CRC-32 under its old key, and returns the new CRC-32s and the shard's new MD5;
-/// rewrites the shard's DALI index. Running it twice gives the same result.
-fn renumber_shard(part: &FoundPart, shard: &ShardInfo, entries: &[IndexEntry]) -> Result<Renumbered> {
-    let path = part.dir.join(&shard.name);
-    let damaged = |reason: String| Error::Merge {
-        path: path.clone(),
-        reason: format!("{reason}; the part is damaged: re-pack it with --overwrite"),
-    };
-    let file = fs::OpenOptions::new().read(true).write(true).open(&path).map_err(Error::io(&path))?;
-    let len = file.metadata().map_err(Error::io(&path))?.len();
-    if len != shard.bytes {
-        return Err(damaged(format!("{len} bytes, the part's metadata says {}", shard.bytes)));
-    }
+/// header (only if it still carries the part's key), checks the sample against its recorded
+/// CRC-32 under its old key, and returns the new CRC-32s and the shard's new MD5; rewrites the
+/// shard's DALI index. Running it twice gives the same result.
+fn renumber_shard(
+    files: &dyn Files,
+    part: &FoundPart,
+    shard: &ShardInfo,
+    entries: &[IndexEntry],
+) -> Result<Renumbered> {
+    let mut file = files.shard(part, shard)?;
+    let path = file.path().to_path_buf();
+    let damaged = |reason: String| damaged(&path, reason);
     let width = part.meta.key_width;
     let mut md5 = shard.md5.is_some().then(Md5::new);
     let mut shard_crc = crc32fast::Hasher::new();
     let mut crcs = Vec::with_capacity(entries.len());
     let mut dali = dali_index_header(entries.len() as u64);
     let mut buf = Vec::new();
+    let mut changed = Vec::new();
     let mut pos = 0u64;
     for (j, entry) in entries.iter().enumerate() {
         if entry.offset != pos {
             return Err(damaged(format!("sample {j} starts at {}, not at {pos}", entry.offset)));
         }
         buf.resize(entry.len as usize, 0);
-        file.read_exact_at(&mut buf, entry.offset).map_err(Error::io(&path))?;
+        file.read(entry, &mut buf)?;
         let old_key = format_key(part.info.first + shard.first + j as u64, width);
         let new_key = format_key(part.new_first + shard.first + j as u64, width);
         // Each member: where its header is, its extension and size.
@@ -189,20 +306,16 @@ fn renumber_shard(part: &FoundPart, shard: &ShardInfo, entries: &[IndexEntry]) -
             return Err(damaged(format!("sample {old_key} does not match its CRC-32")));
         }
         set_headers(&mut buf, &new_key)?;
-        let mut components = Vec::with_capacity(members.len());
-        for (at, ext, size, renamed) in &members {
-            if !renamed {
-                file.write_all_at(&buf[*at..*at + BLOCK as usize], entry.offset + *at as u64)
-                    .map_err(Error::io(&path))?;
-            }
-            components.push(DaliComponent {
-                ext: ext.clone(),
-                offset: entry.offset + *at as u64 + BLOCK,
-                size: *size,
-                name: format!("{new_key}.{ext}"),
-            });
-        }
-        dali.push_str(&dali_index_line(&components));
+        changed.clear();
+        changed.extend(members.iter().filter(|m| !m.3).map(|m| m.0));
+        file.write(entry, &buf, &changed)?;
+        let components = members.iter().map(|(at, ext, size, _)| DaliComponent {
+            ext: ext.clone(),
+            offset: entry.offset + *at as u64 + BLOCK,
+            size: *size,
+            name: format!("{new_key}.{ext}"),
+        });
+        dali.push_str(&dali_index_line(&components.collect::<Vec<_>>()));
         let crc = crc32(&buf);
         crcs.push(crc);
         shard_crc.combine(&crc32fast::Hasher::new_with_initial_len(crc, buf.len() as u64));
@@ -211,15 +324,14 @@ fn renumber_shard(part: &FoundPart, shard: &ShardInfo, entries: &[IndexEntry]) -
         }
         pos += entry.len;
     }
-    let mut tail = vec![0u8; (len - pos) as usize];
-    file.read_exact_at(&mut tail, pos).map_err(Error::io(&path))?;
+    let tail = file.tail(pos)?;
     shard_crc.update(&tail);
     if let Some(md5) = &mut md5 {
         md5.update(&tail);
     }
-    file.sync_data().map_err(Error::io(&path))?;
-    let idx = part.dir.join(format!("{}.idx", shard.name.strip_suffix(".tar").unwrap_or(&shard.name)));
-    replace_file(&idx, dali.as_bytes())?;
+    file.finish()?;
+    let idx = format!("{}/{}.idx", part.name, shard.name.strip_suffix(".tar").unwrap_or(&shard.name));
+    files.publish(&idx, dali.as_bytes())?;
     Ok(Renumbered { crc32: shard_crc.finalize(), md5: md5.map(|m| hex(&m.finalize())), crcs })
 }
 
@@ -247,9 +359,10 @@ mod tests {
         let found = find_parts(&out).unwrap();
         let part = &found[1];
         assert_eq!(part.new_first + 1, part.info.first, "one sample skipped before it");
-        let entries = read_index(part).unwrap();
+        let entries = read_index(part, Local { out: &out }.index(part).unwrap()).unwrap();
         let shard = &part.meta.shards[0];
-        let run = || renumber_shard(part, shard, &entries[..shard.samples as usize]).unwrap();
+        let run =
+            || renumber_shard(&Local { out: &out }, part, shard, &entries[..shard.samples as usize]).unwrap();
         let first = run();
         let bytes = fs::read(part.dir.join(&shard.name)).unwrap();
         assert_eq!(first.md5, Some(hex(&Md5::digest(&bytes))), "MD5 of the rewritten shard");
@@ -287,7 +400,7 @@ mod tests {
         let (_, out) = parts(dir.path(), limits(), 2);
         let found = find_parts(&out).unwrap();
         let part = &found[1];
-        let entries = read_index(part).unwrap();
+        let entries = read_index(part, Local { out: &out }.index(part).unwrap()).unwrap();
         let shard = &part.meta.shards[0];
         let path = part.dir.join(&shard.name);
         let mut bytes = fs::read(&path).unwrap();
@@ -295,7 +408,7 @@ mod tests {
         bytes[at] ^= 1;
         fs::write(&path, &bytes).unwrap();
         let Err(Error::Merge { path: named, reason }) =
-            renumber_shard(part, shard, &entries[..shard.samples as usize])
+            renumber_shard(&Local { out: &out }, part, shard, &entries[..shard.samples as usize])
         else {
             panic!("a damaged sample was renumbered");
         };
@@ -307,7 +420,7 @@ mod tests {
     fn merged_shards_read_as_one_dataset_with_keys_without_a_gap() {
         let dir = tempfile::tempdir().unwrap();
         let (tree, out) = parts(dir.path(), limits(), 3);
-        let options = MergeOptions { keep_parts: false, threads: NonZeroUsize::MIN };
+        let options = MergeOptions { keep_parts: false, threads: NonZeroUsize::MIN, endpoint: None };
         let merged = merge(&out, &options, &crate::progress::Silent).unwrap();
         let dataset = imgpack_reader::open(&out).unwrap().verify_checksums(true).unwrap();
         assert_eq!((dataset.len(), merged.skipped.len()), (merged.packed, 1));

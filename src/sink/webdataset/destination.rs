@@ -185,7 +185,7 @@ impl Destination {
     pub(super) fn store_index(&mut self) -> Result<()> {
         let Destination::Store { store, index, stored } = self else { return Ok(()) };
         stored.names.push(SAMPLE_INDEX_FILE.to_string());
-        store.upload_file(SAMPLE_INDEX_FILE, index.path(), UPLOADS_RECORD)
+        store.upload_file(SAMPLE_INDEX_FILE, index.path(), Some(UPLOADS_RECORD))
     }
 
     /// Makes the output visible: the staged directory is renamed into place; in a store,

@@ -7,6 +7,14 @@
 //! seed as `pack SRC` itself) with its size and modification time, so a run from the plan
 //! writes exactly what `pack SRC` writes. The format is in FORMAT.md ("Plan files"): zstd-
 //! compressed JSON Lines, a header line and then one line per sample.
+//!
+//! The tree may be local or stored under an `s3://` prefix, and the plan a file or an object
+//! ([`stored`]), so the machines of a job need share no volume: a plan of a stored tree names
+//! its prefix as its root, and packing it reads the images from the store.
+
+pub mod stored;
+
+pub use stored::{PlanFile, StoredPlan};
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
@@ -111,25 +119,19 @@ pub struct ListingPlan<'a> {
 
 impl<'a> ListingPlan<'a> {
     /// A plan of `listing` (already in its final order) with the samples' `stamps`, made from
-    /// the tree at `root` with the listing `options`.
+    /// the tree at `root` (as given, and where its files are read: the absolute path of a local
+    /// tree, the `s3://` prefix of a stored one) with the listing `options`.
     pub fn new(
-        root: &Path,
+        root: Root,
         options: serde_json::Value,
         listing: &'a Listing,
         stamps: &'a Stamps,
-    ) -> Result<ListingPlan<'a>> {
-        let root_abs = root.canonicalize().map_err(Error::io(root))?;
-        let text = |p: &Path| {
-            p.to_str().map(str::to_string).ok_or_else(|| Error::BadSource {
-                path: p.to_path_buf(),
-                reason: "a plan needs a source path that is valid UTF-8".into(),
-            })
-        };
+    ) -> ListingPlan<'a> {
         let mut plan = ListingPlan::of_listing(listing, stamps);
-        plan.header.root = text(root)?;
-        plan.header.root_abs = text(&root_abs)?;
+        plan.header.root = root.given;
+        plan.header.root_abs = root.read_from;
         plan.header.options = options;
-        Ok(plan)
+        plan
     }
 
     /// A plan of `listing` with the samples' `stamps` that names no root and no options: what
@@ -158,12 +160,54 @@ impl<'a> ListingPlan<'a> {
 
     /// Writes the plan to `path` atomically, one sample line at a time.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let lines = self.listing.samples.iter().zip(self.stamps.iter()).map(|(s, stamp)| {
+        write_plan(path, &self.header, self.lines())
+    }
+
+    /// The plan file's bytes, exactly what [`ListingPlan::write`] writes: for a plan stored as
+    /// one object. They are the compressed lines, a small fraction of the listing they are made
+    /// from, which is in memory anyway.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        encode_plan(Vec::new(), &self.header, self.lines()).map_err(|e| Error::io(Path::new("<plan>"))(e))
+    }
+
+    fn lines(&self) -> impl Iterator<Item = Planned> + '_ {
+        self.listing.samples.iter().zip(self.stamps.iter()).map(|(s, stamp)| {
             let info = imgpack_reader::SampleInfo::new(s.rel_path, "");
             let (size, mtime_ns) = stamp.map_or((0, 0), |s| (s.size, s.mtime_ns));
             Planned { path: info.path, path_hex: info.path_hex, class: s.class, size, mtime_ns }
-        });
-        write_plan(path, &self.header, lines)
+        })
+    }
+}
+
+/// Where a plan's tree is, as a plan records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Root {
+    /// As given to `pack plan` (what a dataset's metadata records).
+    pub given: String,
+    /// Where its files are read from: a local tree's absolute path, a stored tree's
+    /// `s3://bucket/prefix/`.
+    pub read_from: String,
+}
+
+impl Root {
+    /// The local tree at `root`: its path as given and made absolute, both UTF-8 (a plan is
+    /// JSON).
+    pub fn local(root: &Path) -> Result<Root> {
+        let root_abs = root.canonicalize().map_err(Error::io(root))?;
+        let text = |p: &Path| {
+            p.to_str().map(str::to_string).ok_or_else(|| Error::BadSource {
+                path: p.to_path_buf(),
+                reason: "a plan needs a source path that is valid UTF-8".into(),
+            })
+        };
+        Ok(Root { given: text(root)?, read_from: text(&root_abs)? })
+    }
+
+    /// The tree stored under `url`: named, and read, by its `s3://bucket/prefix/` (what
+    /// `pack s3://bucket/prefix/` records as its root), so a part on any machine reads it
+    /// from the store.
+    pub fn stored(url: &crate::store::StoreUrl) -> Root {
+        Root { given: url.to_string(), read_from: url.to_string() }
     }
 }
 
@@ -172,21 +216,31 @@ impl<'a> ListingPlan<'a> {
 fn write_plan<P: Serialize>(path: &Path, header: &Header, samples: impl Iterator<Item = P>) -> Result<()> {
     let temp = crate::fs::temp_path(path);
     let write = || -> std::io::Result<()> {
-        let mut out = zstd::stream::Encoder::new(BufWriter::new(File::create(&temp)?), 3)?;
-        serde_json::to_writer(&mut out, header)?;
-        out.write_all(b"\n")?;
-        for sample in samples {
-            serde_json::to_writer(&mut out, &sample)?;
-            out.write_all(b"\n")?;
-        }
-        let file = out.finish()?.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()
+        let file = encode_plan(BufWriter::new(File::create(&temp)?), header, samples)?;
+        file.into_inner().map_err(|e| e.into_error())?.sync_all()
     };
     if let Err(e) = write() {
         let _ = std::fs::remove_file(&temp);
         return Err(Error::io(path)(e));
     }
     std::fs::rename(&temp, path).map_err(Error::io(path))
+}
+
+/// The plan format into `out`: zstd-compressed, the header line, then one line per sample.
+/// One encoder for plan files and stored plans, so both hold the same bytes (and MD5).
+fn encode_plan<W: Write, P: Serialize>(
+    out: W,
+    header: &Header,
+    samples: impl Iterator<Item = P>,
+) -> std::io::Result<W> {
+    let mut out = zstd::stream::Encoder::new(out, 3)?;
+    serde_json::to_writer(&mut out, header)?;
+    out.write_all(b"\n")?;
+    for sample in samples {
+        serde_json::to_writer(&mut out, &sample)?;
+        out.write_all(b"\n")?;
+    }
+    out.finish()
 }
 
 /// Writes a plan of `samples` lines with `header` (tests make plans by hand this way).
@@ -295,20 +349,33 @@ impl Plan {
 }
 
 /// Walks the ImageFolder tree at `root` as `pack root` would — the same walk, order, class
-/// indices, and shuffle with `seed` — and `stat`s every file on `threads` threads.
-/// `progress` counts the files found while the tree is listed. Writes the plan to `out` and
-/// returns its header.
+/// indices, and shuffle with `seed` — and `stat`s every file on `threads` threads. `root` may
+/// be an `s3://bucket/prefix/` holding the tree (listed once, at `endpoint`: the listing gives
+/// every size). `progress` counts the files found while the tree is listed. Writes the plan to
+/// `out` and returns its header.
 pub fn make(
     root: &Path,
     extensions: &[String],
     seed: Option<u64>,
     threads: NonZeroUsize,
+    endpoint: Option<&str>,
     progress: &dyn crate::progress::Progress,
-    out: &Path,
+    out: &PlanFile,
 ) -> Result<Header> {
     use rayon::prelude::*;
-    crate::source::imagefolder::check_root(root)?;
-    let source = crate::source::imagefolder::ImageFolder::new(root, extensions);
+    let (source, planned_root): (Box<dyn Source>, Root) = match crate::store::StoreUrl::of_path(root)? {
+        Some(url) => {
+            let store = imgpack_reader::store::Store::open(&url, endpoint)?;
+            let listed = store.list_sizes()?;
+            let tree = crate::source::remote::RemoteImageFolder::new(store, listed, extensions);
+            (Box::new(tree), Root::stored(&url))
+        }
+        None => {
+            crate::source::imagefolder::check_root(root)?;
+            let tree = crate::source::imagefolder::ImageFolder::new(root, extensions);
+            (Box::new(tree), Root::local(root)?)
+        }
+    };
     let mut listing = source.list(progress)?;
     progress.finish();
     if let Some(seed) = seed {
@@ -320,8 +387,8 @@ pub fn make(
         .map_err(|e| Error::Threads { threads: threads.get(), reason: e.to_string() })?;
     let stamps: Stamps = pool.install(|| listing.samples.par_iter().map(|s| source.stamp(&s)).collect());
     let options = serde_json::json!({"extensions": extensions, "shuffle": seed.is_some(), "seed": seed});
-    let plan = ListingPlan::new(root, options, &listing, &stamps)?;
-    plan.write(out)?;
+    let plan = ListingPlan::new(planned_root, options, &listing, &stamps);
+    out.write(&plan)?;
     Ok(plan.header)
 }
 
@@ -345,6 +412,8 @@ pub fn is_plan(path: &Path) -> bool {
 pub struct PlanSource {
     header: Header,
     root: PathBuf,
+    /// The store the tree is read from, for a plan of a stored tree.
+    store: Option<imgpack_reader::store::Store>,
     /// The plan's samples until [`Source::list`] hands them over: a run lists its source once,
     /// and a plan of millions of samples is not copied for it.
     samples: std::sync::Mutex<Option<Samples>>,
@@ -354,7 +423,22 @@ impl PlanSource {
     /// A source reading the samples of `plan`.
     pub fn new(plan: Plan) -> PlanSource {
         let root = PathBuf::from(&plan.header.root_abs);
-        PlanSource { header: plan.header, root, samples: std::sync::Mutex::new(Some(plan.samples)) }
+        PlanSource {
+            header: plan.header,
+            root,
+            store: None,
+            samples: std::sync::Mutex::new(Some(plan.samples)),
+        }
+    }
+
+    /// A source reading the samples of `plan`, from the store at `endpoint` when the plan's
+    /// tree is stored under an `s3://` prefix (no request is sent yet), else from disk.
+    pub fn open(plan: Plan, endpoint: Option<&str>) -> Result<PlanSource> {
+        let store = match crate::store::StoreUrl::of_path(Path::new(&plan.header.root_abs))? {
+            Some(url) => Some(imgpack_reader::store::Store::open(&url, endpoint)?),
+            None => None,
+        };
+        Ok(PlanSource { store, ..PlanSource::new(plan) })
     }
 }
 
@@ -375,7 +459,13 @@ impl Source for PlanSource {
     }
 
     fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
-        std::fs::read(self.file(sample))
+        match &self.store {
+            Some(store) => {
+                let name = std::str::from_utf8(sample.rel_path).map_err(std::io::Error::other)?;
+                store.get(name).map_err(std::io::Error::other)
+            }
+            None => std::fs::read(self.file(sample)),
+        }
     }
 
     /// Named as every summary names a file: under the root as given to `pack plan` (which the
@@ -387,6 +477,15 @@ impl Source for PlanSource {
 
     fn file(&self, sample: &SourceSample) -> PathBuf {
         self.root.join(os_path(sample.rel_path))
+    }
+
+    /// A stored file's planned size, as [`crate::source::remote`] stamps it (a store's
+    /// modification time is left out); a local file's `stat`.
+    fn stamp(&self, sample: &SourceSample) -> Option<Stamp> {
+        match self.store {
+            Some(_) => Some(Stamp { size: sample.size, mtime_ns: 0 }),
+            None => Stamp::of(&self.file(sample)),
+        }
     }
 }
 
