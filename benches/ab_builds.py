@@ -85,8 +85,9 @@ class Monitor(threading.Thread):
 def groups(old: Path, new: Path, tree: Path, out: Path, python: str) -> dict[str, dict]:
     """name -> {argv, outputs, check} for every timed command, keyed 'cmd@old' / 'cmd@new'."""
     cmds = {}
+    tree_bytes = sum(f.stat().st_size for f in tree.rglob("*") if f.is_file())
     for label, binary in (("old", old), ("new", new)):
-        made = pvt.make_commands(SimpleNamespace(pack=binary, python=python), tree, out)
+        made = pvt.make_commands(SimpleNamespace(pack=binary, python=python, peers_python=python), tree, out, tree_bytes)
         cmds[f"pack@{label}"] = dict(made["pack"], kind="pack")
         cmds[f"pack-wds@{label}"] = dict(made["pack-wds"], kind="pack-wds")
         cmds["tar"] = dict(made["tar"], kind="tar")

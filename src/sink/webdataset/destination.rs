@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use imgpack_reader::webdataset::SAMPLE_INDEX_FILE;
 use md5::{Digest, Md5};
 
+use super::direct::DirectFile;
 use crate::encoding::hex;
 use crate::pack::resume::{self, STORE_SCRATCH, UPLOADS_RECORD};
 use crate::pack::staged::Staged;
@@ -152,6 +153,13 @@ impl Destination {
         match self {
             Destination::Dir(staged) => {
                 let path = staged.path().join(name);
+                // With `--md5` the shard's hasher reads the file back while it is still in the
+                // page cache, so it goes through it; otherwise around it.
+                if !md5 {
+                    if let Some(direct) = DirectFile::create(&path)? {
+                        return Ok(ShardOut::Direct(direct));
+                    }
+                }
                 let file = File::create(&path).map_err(Error::io(&path))?;
                 Ok(ShardOut::File(BufWriter::with_capacity(64 << 10, file)))
             }
@@ -205,8 +213,10 @@ impl Destination {
 
 /// Where one shard's bytes go while it is written.
 pub(super) enum ShardOut {
-    /// A file in the staged directory.
+    /// A file in the staged directory, written through the page cache.
     File(BufWriter<File>),
+    /// A file in the staged directory, written around the page cache ([`DirectFile`]).
+    Direct(DirectFile),
     /// A multipart upload, with the shard's MD5 (`--md5`) summed as its bytes go by, since
     /// there is no file to read it back from.
     Upload(Box<Upload>, Option<Md5>),
@@ -225,6 +235,7 @@ impl ShardOut {
     pub(super) fn write(&mut self, bytes: &[u8], path: &Path) -> Result<()> {
         match self {
             ShardOut::File(file) => file.write_all(bytes).map_err(Error::io(path)),
+            ShardOut::Direct(file) => file.write(bytes),
             ShardOut::Upload(upload, md5) => {
                 if let Some(md5) = md5 {
                     md5.update(bytes);
@@ -234,11 +245,11 @@ impl ShardOut {
         }
     }
 
-    /// The shard's file, when it is one.
+    /// The shard's file, when it is written through the page cache.
     pub(super) fn file(&mut self) -> Option<&mut BufWriter<File>> {
         match self {
             ShardOut::File(file) => Some(file),
-            ShardOut::Upload(..) => None,
+            ShardOut::Direct(_) | ShardOut::Upload(..) => None,
         }
     }
 
@@ -249,6 +260,7 @@ impl ShardOut {
                 .into_inner()
                 .map(Closed::File)
                 .map_err(|e| Error::Io { path: path.to_path_buf(), source: e.into_error() }),
+            ShardOut::Direct(file) => file.finish().map(Closed::File),
             ShardOut::Upload(upload, md5) => {
                 let e_tag = upload.finish()?.unwrap_or_default();
                 Ok(Closed::Stored { md5: md5.map(|m| hex(&m.finalize())), e_tag })
