@@ -134,8 +134,9 @@ impl<T> Readahead<T> {
         }
     }
 
-    /// The item at `index`, waiting until it has been read; `None` if a reader panicked before
-    /// reading it. Each index of the range is taken once, in any order.
+    /// The item at `index`, waiting until it has been read; `None` if it never will be: a reader
+    /// panicked, or the readahead was stopped before the index was claimed. Each index of the
+    /// range is taken once, in any order.
     pub fn take(&self, index: usize) -> Option<T> {
         let mut state = self.lock();
         loop {
@@ -146,14 +147,20 @@ impl<T> Readahead<T> {
                 }
                 return Some(item);
             }
-            if state.failed {
+            if state.failed || (state.stopped && index >= state.next) {
                 return None;
             }
             state = self.read.wait(state).unwrap_or_else(|e| e.into_inner());
         }
     }
 
-    /// Starts no more reads: the readers return once their reads in flight end.
+    /// Whether a reader panicked.
+    pub fn failed(&self) -> bool {
+        self.lock().failed
+    }
+
+    /// Starts no more reads: the readers return once their reads in flight end, and a
+    /// [`take`](Readahead::take) of an index not yet claimed returns `None`.
     pub fn stop(&self) {
         self.lock().stopped = true;
         self.room.notify_all();
@@ -349,6 +356,20 @@ mod tests {
         });
         // The scope has joined the readers: they returned long before a million reads.
         assert!(source.reads() <= 101 + 4, "{} reads", source.reads());
+    }
+
+    #[test]
+    fn a_consumer_waiting_when_no_reader_will_come_is_told_so() {
+        // The pipeline starts its consumer first; if the readers then cannot start, it stops the
+        // readahead, and the consumer, already waiting, must return instead of hanging.
+        let readahead: Readahead<Vec<u8>> = Readahead::new(0..10, 100, 10);
+        std::thread::scope(|scope| {
+            let waiting = scope.spawn(|| readahead.take(0));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            readahead.stop();
+            assert_eq!(waiting.join().unwrap(), None);
+        });
+        assert!(!readahead.failed(), "stopped, not failed");
     }
 
     #[test]

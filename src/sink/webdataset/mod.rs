@@ -3,10 +3,10 @@
 //!
 //! Offsets are known while writing, so every index is produced as the shards are written — no
 //! second pass over the data. Each shard is written to its final name inside the staged output
-//! directory, around the page cache ([`direct`]: filling it was ~40% of packing's CPU time)
-//! unless `--md5` needs to read it back. Its CRC-32 costs nothing: each sample's CRC (header, data, padding) is known
-//! already, and CRC-32s of consecutive byte ranges combine in a few operations
-//! (`crc32fast::Hasher::combine`). Its MD5, written only with `--md5`, is costly (about
+//! directory, around the page cache (module `direct`: filling it was ~40% of packing's CPU
+//! time) unless `--md5` needs to read it back. Its CRC-32 costs nothing: each sample's CRC
+//! (header, data, padding) is known already, and CRC-32s of consecutive byte ranges combine in
+//! a few operations (`crc32fast::Hasher::combine`). Its MD5, written only with `--md5`, is costly (about
 //! 600 MB/s, and it cannot be split within a file: measured as about half of packing's CPU time
 //! on 2 cores), so it runs on a thread of its own per shard, reading back what has been flushed
 //! while it is still in the page cache. When a shard is complete it is also handed to a
