@@ -376,7 +376,10 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
                     let mut next = start;
                     loop {
                         let more = next < samples.len() && !crate::interrupt::requested();
-                        if more && pending.len() < CHUNKS_IN_FLIGHT {
+                        // The first chunk's size is a guess (64 samples); the next is sized
+                        // from what it held, so it waits for the first to finish.
+                        let sized = pending.is_empty() || chunker.observed();
+                        if more && sized && pending.len() < CHUNKS_IN_FLIGHT {
                             let range = next..(next + chunker.next_len()).min(samples.len());
                             next = range.end;
                             let read: Option<Vec<Result<Vec<u8>, String>>> =
@@ -798,6 +801,12 @@ impl Chunker {
         }
         let average = (self.bytes / self.samples).max(1);
         ((self.budget / average) as usize).clamp(1, CHUNK_SAMPLES)
+    }
+
+    /// Whether a chunk has been observed, so that [`next_len`](Chunker::next_len) follows
+    /// what was read rather than its first guess.
+    fn observed(&self) -> bool {
+        self.samples > 0
     }
 
     /// Learns from a loaded chunk. A sample counts as the larger of its source and stored
