@@ -5,9 +5,10 @@
 //! buys nothing, and filling the page cache is most of what writing it costs: every page is
 //! allocated, copied into, marked dirty and later written back. On this project's 2-core VM
 //! (`benches/pack_vs_tar.py`, 5,000 JPEGs, 488 MB) that was about 40% of WebDataset packing's
-//! CPU time, and a buffered copy of the same bytes took 1.7–1.9× as long as one written with
-//! `O_DIRECT` from a reused buffer (`dd oflag=direct` is the benchmark's disk floor for the
-//! same reason). So the sink copies each member into a block of [`BLOCK_BYTES`] aligned to
+//! CPU time; written this way instead, packing 15,000 JPEGs (1.47 GB) took 1.20 s (1.09–1.26)
+//! against 1.80 s (1.31–2.55) through the page cache, 5 alternating rounds of
+//! `benches/ab_builds.py` (`dd oflag=direct` is the benchmark's disk floor for the same
+//! reason). So the sink copies each member into a block of [`BLOCK_BYTES`] aligned to
 //! [`ALIGN`], and a writer thread writes full blocks while the next ones fill: the disk works
 //! while the CPU copies, and memory stays at [`BLOCKS`] blocks per open shard.
 //!
@@ -26,12 +27,12 @@ use crate::{Error, Result};
 
 /// Offsets, lengths and memory of `O_DIRECT` writes are multiples of this: the page size,
 /// which covers every logical block size in use (512 B and 4 KiB).
-pub(super) const ALIGN: usize = 4096;
+const ALIGN: usize = 4096;
 
 /// Bytes per write: large enough that a write's fixed cost vanishes (the benchmark's `dd`
 /// floor writes 8 MiB blocks; 4 MiB measured the same), small enough that the writer never
 /// waits long for a block.
-pub(super) const BLOCK_BYTES: usize = 4 << 20;
+const BLOCK_BYTES: usize = 4 << 20;
 
 /// Blocks per shard: one filling, one being written, one spare so that the filling side does
 /// not wait for the write of the last one to return.
@@ -142,30 +143,35 @@ impl DirectFile {
 
     /// Hands the filled block to the writer thread and takes an empty one.
     fn send_block(&mut self) -> Result<()> {
-        let next = match self.empty.recv() {
-            Ok(mut block) => {
-                block.len = 0;
-                block
-            }
-            Err(_) => return Err(self.failure()),
-        };
+        let Ok(mut next) = self.empty.recv() else { return Err(self.failure()) };
+        next.len = 0;
         let full = std::mem::replace(&mut self.block, next);
+        self.hand_over(full)
+    }
+
+    /// Queues `block` for the writer thread.
+    fn hand_over(&mut self, block: Block) -> Result<()> {
         let sender = self.full.as_ref().expect("open until finished");
-        if sender.send(full).is_err() {
+        if sender.send(block).is_err() {
             return Err(self.failure());
         }
         Ok(())
     }
 
-    /// The writer thread's error, once it has stopped.
-    fn failure(&mut self) -> Error {
+    /// Ends the writer thread once it has written what was queued: the file, or its error.
+    fn stop_writer(&mut self) -> io::Result<File> {
         self.full = None;
-        let stopped = self.writer.take().map(|w| w.join());
-        let e = match stopped {
-            Some(Ok(Err(e))) => e,
-            Some(Err(_)) => io::Error::other("the shard writer thread panicked"),
-            _ => io::Error::other("the shard writer thread stopped"),
-        };
+        match self.writer.take().map(|w| w.join()) {
+            Some(Ok(written)) => written,
+            Some(Err(_)) => Err(io::Error::other("the shard writer thread panicked")),
+            None => Err(io::Error::other("the shard writer thread stopped")),
+        }
+    }
+
+    /// The writer thread's error, once it has stopped: called when it stopped taking blocks.
+    fn failure(&mut self) -> Error {
+        let e =
+            self.stop_writer().err().unwrap_or_else(|| io::Error::other("the shard writer thread stopped"));
         Error::io(&self.path)(e)
     }
 
@@ -174,17 +180,9 @@ impl DirectFile {
         if self.block.len > 0 {
             self.block.pad();
             let last = std::mem::replace(&mut self.block, Block { memory: Vec::new(), start: 0, len: 0 });
-            let sender = self.full.as_ref().expect("open until finished");
-            if sender.send(last).is_err() {
-                return Err(self.failure());
-            }
+            self.hand_over(last)?;
         }
-        self.full = None;
-        let file = match self.writer.take().map(|w| w.join()) {
-            Some(Ok(Ok(file))) => file,
-            Some(Ok(Err(e))) => return Err(Error::io(&self.path)(e)),
-            _ => return Err(Error::io(&self.path)(io::Error::other("the shard writer thread panicked"))),
-        };
+        let file = self.stop_writer().map_err(Error::io(&self.path))?;
         file.set_len(self.len).map_err(Error::io(&self.path))?;
         Ok(file)
     }
@@ -193,10 +191,7 @@ impl DirectFile {
 impl Drop for DirectFile {
     /// A shard abandoned by an error or a stop: the writer thread ends with what it has.
     fn drop(&mut self) {
-        self.full = None;
-        if let Some(writer) = self.writer.take() {
-            let _ = writer.join();
-        }
+        let _ = self.stop_writer();
     }
 }
 
