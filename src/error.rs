@@ -26,6 +26,15 @@ pub enum Error {
         /// What is wrong and what to pass instead.
         reason: String,
     },
+    /// The source's file system went away mid-run (a FUSE mount whose daemon stopped answers
+    /// `ENOTCONN` for every file): the run stops rather than skip every later file.
+    #[error("{}: {source}: the file system holding the source is gone (its mount's daemon or server stopped); mount it again, then run the same command with --resume to continue", path.display())]
+    SourceGone {
+        /// The file that met it.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
     /// The output exists and `--overwrite` was not given.
     #[error("{}: already exists; pass --overwrite to replace it, or choose another -o", path.display())]
     OutputExists {

@@ -335,3 +335,41 @@ fn resume_of_a_finished_run_is_already_complete_and_writes_nothing() {
         assert_eq!(contents(&out), before);
     }
 }
+
+#[test]
+fn resume_refuses_a_kept_shard_that_was_cut_short_or_removed_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = big_tree(dir.path(), 4);
+    let out = dir.path().join("out");
+    let temp = temp_of(&out);
+    // Interrupted once the journal lists a closed shard, so there is one to keep.
+    let child = command(&args(&src, &out, "webdataset")).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while journaled_shards(&temp).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let stopped = child.wait_with_output().unwrap();
+    assert_eq!(stopped.status.code(), Some(130), "{}", String::from_utf8_lossy(&stopped.stderr));
+    let (shard, _) = journaled_shards(&temp).into_iter().next().expect("a shard was kept");
+    let len = fs::metadata(temp.join(&shard)).unwrap().len();
+
+    let mut resume = args(&src, &out, "webdataset");
+    resume.push("--resume".into());
+    fs::OpenOptions::new().write(true).open(temp.join(&shard)).unwrap().set_len(len - 512).unwrap();
+    let refused = command(&resume).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    let cut = format!("{shard} is {} bytes, the journal says {len}", len - 512);
+    assert!(stderr.contains("cannot resume") && stderr.contains(&cut), "{stderr}");
+    assert!(stderr.contains("run without --resume to start over"), "{stderr}");
+
+    fs::remove_file(temp.join(&shard)).unwrap();
+    let refused = command(&resume).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(&format!("{shard} is missing, the journal lists it with {len} bytes")),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "nothing is published");
+}

@@ -41,7 +41,7 @@ use crate::sink::{Durable, PackedSample, Sink};
 use crate::source::dataset::{is_packed, PackedDataset};
 use crate::source::imagefolder::ImageFolder;
 use crate::source::plan::{Plan, PlanSource};
-use crate::source::{Listing, Samples, Source, SourceSample, Stamps};
+use crate::source::{Listing, LoadError, Samples, Source, SourceSample, Stamps};
 use crate::transcode::{Image, Transcoder};
 use crate::{Error, Result};
 
@@ -441,7 +441,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         let packing_started = Instant::now();
         let (mut done_here, mut bytes_here) = (0u64, 0u64);
         for loaded in rx {
-            // A store that refuses every read: stop, rather than skip each sample in turn.
+            // A source that fails every read: stop, rather than skip each sample in turn.
             if let Some(error) = fatal.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
                 return Err(error);
             }
@@ -697,10 +697,10 @@ impl<T> Drop for StopOnDrop<'_, T> {
 /// unpacking to a tree, a sample whose recorded path would land outside the tree is refused here,
 /// before it is read.
 ///
-/// A read that fails because of the source as a whole rather than the sample — an object
-/// store that has no such bucket, denies access, or stopped answering after every retry — is
-/// not a bad file: it is put in `fatal`, which stops the run with that error, naming the bucket
-/// and the fix, instead of every later sample being skipped for the same reason.
+/// A read that fails because of the source as a whole rather than the sample
+/// ([`LoadError::Source`]: a bucket gone, credentials refused, a mount lost) is not a bad file:
+/// its error is put in `fatal`, which stops the run with it, instead of every later sample being
+/// skipped for the same reason.
 fn read(
     source: &dyn Source,
     sample: &SourceSample,
@@ -710,26 +710,23 @@ fn read(
     if unpacking {
         safe_relative(sample.rel_path)?;
     }
-    source.load(sample).map_err(|e| {
-        use imgpack_reader::Error as R;
-        let store = e.get_ref().and_then(|inner| inner.downcast_ref::<R>());
-        if matches!(store, Some(R::NoSuchBucket { .. } | R::StoreDenied { .. } | R::StoreUnreachable { .. }))
-        {
-            let reason = format!("cannot read: {e}");
-            if let Some(Ok(store)) = e.into_inner().map(|inner| inner.downcast::<R>()) {
-                let mut slot = fatal.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                slot.get_or_insert(Error::Reader(*store));
-            }
-            return reason;
+    source.load(sample).map_err(|e| match e {
+        LoadError::Source(error) => {
+            let reason = format!("cannot read: {error}");
+            let mut slot = fatal.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            slot.get_or_insert(error);
+            reason
         }
-        let dangling = source.file(sample).symlink_metadata().is_ok_and(|m| m.file_type().is_symlink())
-            && e.kind() == std::io::ErrorKind::NotFound;
-        if dangling {
-            "cannot read: dangling symlink (its target does not exist)".to_string()
-        } else if e.raw_os_error() == Some(libc::ELOOP) {
-            "cannot read: symlink loop (its links point at each other)".to_string()
-        } else {
-            format!("cannot read: {e}")
+        LoadError::Sample(e) => {
+            let dangling = source.file(sample).symlink_metadata().is_ok_and(|m| m.file_type().is_symlink())
+                && e.kind() == std::io::ErrorKind::NotFound;
+            if dangling {
+                "cannot read: dangling symlink (its target does not exist)".to_string()
+            } else if e.raw_os_error() == Some(libc::ELOOP) {
+                "cannot read: symlink loop (its links point at each other)".to_string()
+            } else {
+                format!("cannot read: {e}")
+            }
         }
     })
 }
@@ -890,5 +887,40 @@ mod tests {
         let messages = progress.messages.lock().unwrap();
         assert_eq!(messages.first().map(String::as_str), Some("listing samples"));
         assert_eq!(messages.last().map(String::as_str), Some("syncing to disk"));
+    }
+
+    /// A source whose every file answers with one OS error, as a lost mount does.
+    struct Failing(i32);
+
+    impl Source for Failing {
+        fn list(&self, _: &dyn Progress) -> Result<Listing> {
+            unreachable!("only loaded")
+        }
+        fn load(&self, sample: &SourceSample) -> Result<Vec<u8>, LoadError> {
+            Err(LoadError::from_file(&self.name(sample), std::io::Error::from_raw_os_error(self.0)))
+        }
+        fn name(&self, sample: &SourceSample) -> std::path::PathBuf {
+            std::path::Path::new("/mnt/train").join(crate::source::os_path(sample.rel_path))
+        }
+    }
+
+    #[test]
+    fn a_lost_mount_stops_the_run_and_a_bad_file_is_only_skipped() {
+        let sample = SourceSample { index: 0, rel_path: b"cat/1.jpg", class: 0, size: 0 };
+        let fatal = std::sync::Mutex::new(None);
+        // A FUSE mount whose daemon died: the sample's reason, and the error that stops the run.
+        let reason = read(&Failing(libc::ENOTCONN), &sample, false, &fatal).unwrap_err();
+        assert!(reason.starts_with("cannot read: /mnt/train/cat/1.jpg: "), "{reason}");
+        let stop = fatal.lock().unwrap().take().expect("a lost mount stops the run");
+        assert!(
+            matches!(stop, Error::SourceGone { ref path, .. } if path.ends_with("cat/1.jpg")),
+            "{stop:?}"
+        );
+        let message = stop.to_string();
+        assert!(message.contains("mount it again") && message.contains("--resume"), "{message}");
+        // One unreadable file is that file's problem.
+        let reason = read(&Failing(libc::EACCES), &sample, false, &fatal).unwrap_err();
+        assert!(reason.starts_with("cannot read: ") && reason.contains("ermission denied"), "{reason}");
+        assert!(fatal.lock().unwrap().is_none(), "a bad file does not stop the run");
     }
 }

@@ -109,13 +109,14 @@ impl Source for PackedDataset {
         Some(super::Stamp { size: sample.size, mtime_ns: 0 })
     }
 
-    fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
+    fn load(&self, sample: &SourceSample) -> Result<Vec<u8>, super::LoadError> {
         self.with(|dataset| {
             let stored = dataset.get(sample.index).map_err(std::io::Error::other)?;
             match stored.payload() {
                 Some((_, bytes)) => Ok(bytes.to_vec()),
                 None => {
-                    Err(std::io::Error::other("the sample holds neither an image nor a pixels (npy) field"))
+                    Err(std::io::Error::other("the sample holds neither an image nor a pixels (npy) field")
+                        .into())
                 }
             }
         })

@@ -234,8 +234,8 @@ impl Source for ImageFolder {
         Ok(listing)
     }
 
-    fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
-        fs::read(self.file(sample))
+    fn load(&self, sample: &SourceSample) -> Result<Vec<u8>, super::LoadError> {
+        super::load_file(&self.file(sample))
     }
 
     fn name(&self, sample: &SourceSample) -> PathBuf {

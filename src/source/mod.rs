@@ -53,8 +53,9 @@ pub trait Source: Sync {
     /// `advance` `progress` by the samples found so far.
     fn list(&self, progress: &dyn crate::progress::Progress) -> crate::Result<Listing>;
 
-    /// Reads one sample's bytes.
-    fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>>;
+    /// Reads one sample's bytes. The error says whether only this sample is bad (it is
+    /// skipped) or the source as a whole failed (the run stops): see [`LoadError`].
+    fn load(&self, sample: &SourceSample) -> Result<Vec<u8>, LoadError>;
 
     /// How messages name a sample: its file under the source root as given (for a packed
     /// dataset, `DATASET/KEY`).
@@ -71,6 +72,66 @@ pub trait Source: Sync {
     fn stamp(&self, sample: &SourceSample) -> Option<Stamp> {
         Stamp::of(&self.file(sample))
     }
+}
+
+/// Why a sample could not be loaded.
+///
+/// The pipeline needs to tell the two apart: a bad file is skipped, named in the report and
+/// counted, and the run goes on; a source that failed as a whole (a bucket deleted, credentials
+/// refused, a mount that went away) would fail every later sample for the same reason, so it
+/// stops the run at once with one error that says what to fix, and `--resume` continues after.
+#[derive(Debug)]
+pub enum LoadError {
+    /// This sample cannot be read; the message is the reason it is skipped.
+    Sample(std::io::Error),
+    /// The source failed: no sample after this one can be read either.
+    Source(crate::Error),
+}
+
+impl LoadError {
+    /// A store's error, sorted: a missing bucket, refused credentials or an endpoint that does
+    /// not answer (after the store client's retries) fail the source; anything else (no such
+    /// key, a damaged object) only the sample.
+    pub fn from_store(error: imgpack_reader::Error) -> LoadError {
+        use imgpack_reader::Error as R;
+        match error {
+            R::NoSuchBucket { .. } | R::StoreDenied { .. } | R::StoreUnreachable { .. } => {
+                LoadError::Source(crate::Error::Reader(error))
+            }
+            other => LoadError::Sample(std::io::Error::other(other)),
+        }
+    }
+
+    /// A local file's read error, sorted: `ENOTCONN` is what every file of a FUSE mount (sshfs,
+    /// s3fs, gcsfuse, ...) answers once its daemon is gone, so it fails the source, named by the
+    /// file that met it; anything else (not found, permission, an I/O error) only the sample.
+    pub fn from_file(path: &Path, error: std::io::Error) -> LoadError {
+        if error.raw_os_error() == Some(libc::ENOTCONN) {
+            LoadError::Source(crate::Error::SourceGone { path: path.to_path_buf(), source: error })
+        } else {
+            LoadError::Sample(error)
+        }
+    }
+}
+
+impl From<std::io::Error> for LoadError {
+    fn from(error: std::io::Error) -> LoadError {
+        LoadError::Sample(error)
+    }
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Sample(e) => e.fmt(f),
+            LoadError::Source(e) => e.fmt(f),
+        }
+    }
+}
+
+/// Reads a local file as [`Source::load`] does.
+pub(crate) fn load_file(path: &Path) -> Result<Vec<u8>, LoadError> {
+    fs::read(path).map_err(|e| LoadError::from_file(path, e))
 }
 
 /// Relative path bytes (`/`-separated, as a listing holds them) as a path.

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use imgpack_reader::store::Store;
 
-use super::{Listing, Samples, Source, SourceSample, Stamp};
+use super::{Listing, LoadError, Samples, Source, SourceSample, Stamp};
 use crate::progress::Progress;
 use crate::{Error, Result};
 
@@ -118,9 +118,9 @@ impl Source for RemoteImageFolder {
         Ok(listing)
     }
 
-    fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
+    fn load(&self, sample: &SourceSample) -> Result<Vec<u8>, LoadError> {
         let name = std::str::from_utf8(sample.rel_path).map_err(std::io::Error::other)?;
-        self.store.get(name).map_err(std::io::Error::other)
+        self.store.get(name).map_err(LoadError::from_store)
     }
 
     fn name(&self, sample: &SourceSample) -> PathBuf {

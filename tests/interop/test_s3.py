@@ -353,6 +353,18 @@ def wait_for_shards(client, bucket: str, prefix: str, proc: subprocess.Popen, co
     pytest.fail("no shard was stored within 120 s")
 
 
+def interrupted_run(pack_bin, env, client, bucket, prefix, *args, shards, sig, checkpoint=False):
+    """Starts pack with `args`, waits until it has stored `shards` shards under `prefix` (with
+    `checkpoint`, and a journal first), then sends it `sig`. Returns its exit code and stderr."""
+    proc = start_pack(pack_bin, env, *args)
+    if checkpoint:
+        wait_for_checkpoint(client, bucket, prefix, proc)
+    wait_for_shards(client, bucket, prefix, proc, shards)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    return proc.returncode, stderr
+
+
 def test_a_killed_run_leaves_no_dataset_and_resume_ends_as_an_uninterrupted_run(
     pack_bin, s3_server, bucket, tmp_path
 ):
@@ -361,11 +373,10 @@ def test_a_killed_run_leaves_no_dataset_and_resume_ends_as_an_uninterrupted_run(
     url = f"s3://{bucket}/killed/"
     args = [tree, "--to", "webdataset", "--shard-size", "256KiB", "-q", "--threads", "1"]
     # Small chunks (the hidden --checkpoint-bytes), so checkpoints come while shards go up.
-    proc = start_pack(pack_bin, env, *args, "-o", url, "--checkpoint-bytes", "64KiB")
-    wait_for_checkpoint(client, bucket, "killed/", proc)
-    wait_for_shards(client, bucket, "killed/", proc, 3)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    interrupted_run(
+        pack_bin, env, client, bucket, "killed/", *args, "-o", url, "--checkpoint-bytes", "64KiB",
+        shards=3, sig=signal.SIGKILL, checkpoint=True,
+    )
     left = objects(client, bucket, "killed/")
     assert any(k.endswith(".tar") for k in left), "the run was killed before it stored anything"
     assert META not in left, "a killed run left imgpack.json: its prefix looks like a complete dataset"
@@ -398,11 +409,8 @@ def test_a_resume_refuses_shards_replaced_behind_its_back(pack_bin, s3_server, b
     env, client = s3_server.env(), s3_server.client()
     url = f"s3://{bucket}/replaced/"
     args = [tree, "--to", "webdataset", "--shard-size", "256KiB", "-q", "--threads", "1", "-o", url]
-    proc = start_pack(pack_bin, env, *args)
-    wait_for_shards(client, bucket, "replaced/", proc, 3)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    code, stderr = interrupted_run(pack_bin, env, client, bucket, "replaced/", *args, shards=3, sig=signal.SIGINT)
+    assert code == 130, stderr
     key = "replaced/shard-000000.tar"
     body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
     body[700] ^= 0xFF  # same size, other bytes
@@ -487,12 +495,8 @@ def test_ctrl_c_stops_at_a_checkpoint_leaves_no_upload_and_resumes(pack_bin, s3_
     env, client = s3_server.env(), s3_server.client()
     url = f"s3://{bucket}/stopped/"
     args = [tree, "--to", "webdataset", "--shard-size", "256KiB", "-q", "--threads", "1", "-o", url]
-    proc = start_pack(pack_bin, env, *args)
-    wait_for_shards(client, bucket, "stopped/", proc, 2)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    print(stderr)
-    assert proc.returncode == 130, stderr
+    code, stderr = interrupted_run(pack_bin, env, client, bucket, "stopped/", *args, shards=2, sig=signal.SIGINT)
+    assert code == 130, stderr
     assert re.search(rf"interrupted: \d+ samples are safely stored under {re.escape(url)}; run the same command with --resume", stderr), stderr
     left = objects(client, bucket, "stopped/")
     assert META not in left and "imgpack-resume/imgpack-resume.json" in left
@@ -583,11 +587,11 @@ def test_parts_of_a_plan_pack_into_the_store_as_into_a_directory(pack_bin, s3_se
     for k in (0, 1, 2):
         assert run(pack_bin, env, plan, "--part", f"{k}/3", *options, "-o", local).returncode == 0
     url = f"s3://{bucket}/parts/"
-    proc = start_pack(pack_bin, env, plan, "--part", "1/3", *options, "-o", url, "--checkpoint-bytes", "64KiB")
-    wait_for_checkpoint(client, bucket, "parts/part-0001-of-0003/", proc)
-    wait_for_shards(client, bucket, "parts/part-0001-of-0003/", proc, 2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    interrupted_run(
+        pack_bin, env, client, bucket, "parts/part-0001-of-0003/",
+        plan, "--part", "1/3", *options, "-o", url, "--checkpoint-bytes", "64KiB",
+        shards=2, sig=signal.SIGKILL, checkpoint=True,
+    )
     for k in (0, 1, 2):
         proc = run(pack_bin, env, plan, "--part", f"{k}/3", *options, "-o", url, "--json")
         assert proc.returncode == 0, proc.stderr

@@ -172,17 +172,8 @@ impl WebDatasetSink {
         let header = IndexHeader { version: INDEX_VERSION, meta_crc32: 0, samples: 0 };
         index.write_all(&header.encode()).map_err(Error::io(&index_path))?;
         for (i, shard) in durable.shards.iter().enumerate() {
-            if shard.crc32.is_none() || (md5 && shard.md5.is_none()) {
-                return Err(stale(format!("{} has no checksum recorded", shard.name)));
-            }
             let stored = object(&shard.name);
-            if stored.map(|o| o.size) != Some(shard.bytes) {
-                let size = stored.map(|o| o.size);
-                return Err(stale(format!(
-                    "{} is {size:?} bytes, the journal says {}",
-                    shard.name, shard.bytes
-                )));
-            }
+            check_kept(shard, stored.map(|o| o.size), md5).map_err(stale)?;
             let e_tag = stored.and_then(|o| o.e_tag.clone()).unwrap_or_default();
             if durable.etags.get(i).is_some_and(|recorded| *recorded != e_tag) {
                 return Err(stale(format!(
@@ -238,21 +229,8 @@ impl WebDatasetSink {
             }
         }
         for shard in &durable.shards {
-            if shard.crc32.is_none() || (md5 && shard.md5.is_none()) {
-                return Err(stale(format!(
-                    "{} has no {} recorded (an earlier version of pack wrote it); run again without --resume",
-                    shard.name,
-                    if shard.crc32.is_none() { "CRC-32" } else { "MD5" }
-                )));
-            }
-            let path = dir.join(&shard.name);
-            let len = std::fs::metadata(&path).map(|m| m.len()).ok();
-            if len != Some(shard.bytes) {
-                return Err(stale(format!(
-                    "{} is {len:?} bytes, the journal says {}",
-                    shard.name, shard.bytes
-                )));
-            }
+            let len = std::fs::metadata(dir.join(&shard.name)).map(|m| m.len()).ok();
+            check_kept(shard, len, md5).map_err(stale)?;
         }
         let index_path = dir.join(SAMPLE_INDEX_FILE);
         let mut file =
@@ -453,6 +431,24 @@ impl WebDatasetSink {
 /// Why `entries`, a stored piece of `imgpack.index`, is not shard `number`'s as `shard`
 /// records it: one entry per sample, in this shard, back to back from its start, their CRC-32s
 /// combining into the shard's.
+/// Whether a shard an interrupted run closed can be kept by `--resume`, found `len` bytes long
+/// (`None`: missing): it must be as long as the journal says, and have the checksums the run
+/// records (its CRC-32, and its MD5 with `--md5`), which shards of an earlier version may lack.
+fn check_kept(shard: &ShardInfo, len: Option<u64>, md5: bool) -> std::result::Result<(), String> {
+    if shard.crc32.is_none() || (md5 && shard.md5.is_none()) {
+        return Err(format!(
+            "{} has no {} recorded (an earlier version of pack wrote it)",
+            shard.name,
+            if shard.crc32.is_none() { "CRC-32" } else { "MD5" }
+        ));
+    }
+    match len {
+        Some(len) if len == shard.bytes => Ok(()),
+        Some(len) => Err(format!("{} is {len} bytes, the journal says {}", shard.name, shard.bytes)),
+        None => Err(format!("{} is missing, the journal lists it with {} bytes", shard.name, shard.bytes)),
+    }
+}
+
 fn check_index_piece(entries: &[u8], number: usize, shard: &ShardInfo) -> std::result::Result<(), String> {
     if entries.len() as u64 != shard.samples * INDEX_ENTRY_LEN as u64 {
         return Err(format!(

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::split::Part;
-use crate::source::{Listing, Samples, Source, SourceSample, Stamp, Stamps};
+use crate::source::{Listing, LoadError, Samples, Source, SourceSample, Stamp, Stamps};
 use crate::{Error, Result};
 
 /// The `format` value of a plan's header.
@@ -458,13 +458,13 @@ impl Source for PlanSource {
         })
     }
 
-    fn load(&self, sample: &SourceSample) -> std::io::Result<Vec<u8>> {
+    fn load(&self, sample: &SourceSample) -> Result<Vec<u8>, LoadError> {
         match &self.store {
             Some(store) => {
                 let name = std::str::from_utf8(sample.rel_path).map_err(std::io::Error::other)?;
-                store.get(name).map_err(std::io::Error::other)
+                store.get(name).map_err(LoadError::from_store)
             }
-            None => std::fs::read(self.file(sample)),
+            None => super::load_file(&self.file(sample)),
         }
     }
 
