@@ -6,10 +6,10 @@
 //! * the readers (`--io-threads`, [`crate::pack::readahead`]) read the files in listing order,
 //!   many at a time, ahead of the CPU work and within a 32 MiB budget: on NFS, Lustre or a disk
 //!   each read waits milliseconds, and that wait is spent on other reads, not on idle cores;
-//! * a loader thread takes each chunk's bytes in order and has them checked and transcoded on
-//!   the worker pool (`--threads`, one per core: CPU work), two chunks at a time so that the
-//!   workers never wait at a chunk's end, and hands the chunks in order over a channel that
-//!   holds at most one;
+//! * the worker pool (`--threads`, one per core: CPU work, [`crate::pack::chunks`]) checks and
+//!   transcodes them a chunk at a time, two chunks at once so that the workers never wait at a
+//!   chunk's end, each worker taking the next sample read as soon as it is read; a loader
+//!   thread hands the chunks in order over a channel that holds at most one;
 //! * the calling thread writes chunks in order to the sink.
 //!
 //! So the source is read and the output written at the same time, the output is the same
@@ -27,6 +27,7 @@ use imgpack_reader::{ImageFormat, Meta, SampleInfo, SourceInfo, FORMAT_VERSION};
 use rayon::prelude::*;
 
 use crate::cluster::part::PartRun;
+use crate::pack::chunks::{self, Chunker, Loaded, CHUNK_SAMPLES};
 use crate::pack::config::{OnError, OutputFormat, PackConfig, SourceKind};
 use crate::pack::readahead::Readahead;
 use crate::pack::recorded::{Run, RunPart};
@@ -44,14 +45,6 @@ use crate::source::plan::{Plan, PlanSource};
 use crate::source::{Listing, LoadError, Samples, Source, SourceSample, Stamps};
 use crate::transcode::{Image, Transcoder};
 use crate::{Error, Result};
-
-/// About this many source bytes in one chunk.
-const CHUNK_BYTES: u64 = 32 << 20;
-/// At most this many samples in one chunk.
-const CHUNK_SAMPLES: usize = 1024;
-/// Chunks being transformed at once: two, so that the workers move on to the next chunk while
-/// the last samples of one finish. Each holds up to [`CHUNK_BYTES`].
-const CHUNKS_IN_FLIGHT: usize = 2;
 
 /// Packs `config.source` into `config.output`, reporting progress to `bar` in source samples.
 /// Returns the summary; the output is published and durable when this returns.
@@ -346,8 +339,8 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     let unpacking = config.format == OutputFormat::ImageFolder;
     let to_store = config.store_output()?.is_some();
     let start = usize::try_from(ledger.total().position).unwrap_or(usize::MAX).min(listing.samples.len());
-    let mut chunker = Chunker::with_budget(config.checkpoint_bytes);
-    let (tx, rx) = mpsc::sync_channel::<Vec<Result<(Image, u32), String>>>(1);
+    let chunker = Chunker::with_budget(config.checkpoint_bytes);
+    let (tx, rx) = mpsc::sync_channel::<Vec<Loaded>>(1);
     // Read ahead at most a chunk's budget: 32 MiB, less when asked to checkpoint more often, so
     // such a run also reads little past the sample it will stop at; and at most two chunks'
     // worth of samples, however small they are.
@@ -367,47 +360,8 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
             std::thread::Builder::new().name("imgpack-loader".into()).spawn_scoped(scope, move || {
                 // However the loader ends (done, interrupted, the writer gone), the readers stop.
                 let _stop = StopOnDrop(readahead);
-                // Chunks overlap: the next one is handed to the workers before the current one
-                // is done, so no worker idles at a chunk's end while another finishes its last
-                // sample (at 2 threads, ~5% of a re-encode's wall time was such idling). At most
-                // `CHUNKS_IN_FLIGHT` are transformed at once; they go to the writer in order.
-                pool.in_place_scope(|scope| {
-                    let mut pending = std::collections::VecDeque::new();
-                    let mut next = start;
-                    loop {
-                        let more = next < samples.len() && !crate::interrupt::requested();
-                        // The first chunk's size is a guess (64 samples); the next is sized
-                        // from what it held, so it waits for the first to finish.
-                        let sized = pending.is_empty() || chunker.observed();
-                        if more && sized && pending.len() < CHUNKS_IN_FLIGHT {
-                            let range = next..(next + chunker.next_len()).min(samples.len());
-                            next = range.end;
-                            let read: Option<Vec<Result<Vec<u8>, String>>> =
-                                range.map(|i| readahead.take(i)).collect();
-                            let Some(read) = read else {
-                                assert!(!readahead.failed(), "a reader thread stopped on an internal error");
-                                return; // stopped: the readers could not all start
-                            };
-                            let (done, result) = mpsc::sync_channel(1);
-                            scope.spawn(move |_| {
-                                let loaded: Vec<Result<(Image, u32), String>> = read
-                                    .into_par_iter()
-                                    .map(|r| r.and_then(|b| transform(transcoder, b, unpacking)))
-                                    .collect();
-                                let _ = done.send(loaded); // the loader may have stopped
-                            });
-                            pending.push_back(result);
-                            continue;
-                        }
-                        // A chunk whose worker panicked sends nothing: the scope re-raises the
-                        // panic on this thread once it ends.
-                        let Some(Ok(loaded)) = pending.pop_front().map(|r| r.recv()) else { return };
-                        chunker.observe(&loaded);
-                        if tx.send(loaded).is_err() {
-                            return; // the writer stopped
-                        }
-                    }
-                });
+                let transform = |bytes| transform(transcoder, bytes, unpacking);
+                chunks::load(&pool, readahead, start..samples.len(), chunker, &transform, &tx);
             });
         let loader = match loader {
             Ok(loader) => loader,
@@ -768,110 +722,9 @@ fn packed_sample(
     PackedSample { key, fields, crcs }
 }
 
-/// Chooses how many samples the next chunk takes so that it holds about [`CHUNK_BYTES`]:
-/// the first chunk is small, later ones follow the average size of the samples read so far,
-/// within 1..=[`CHUNK_SAMPLES`].
-/// A smaller `budget` (in bytes) makes chunks smaller: the writer checkpoints, and notices a
-/// stop request, between chunks, so a run asked to checkpoint every N bytes cuts its chunks
-/// no larger than that.
-#[derive(Debug)]
-struct Chunker {
-    samples: u64,
-    bytes: u64,
-    budget: u64,
-}
-
-impl Default for Chunker {
-    fn default() -> Self {
-        Chunker { samples: 0, bytes: 0, budget: CHUNK_BYTES }
-    }
-}
-
-impl Chunker {
-    fn with_budget(budget: u64) -> Chunker {
-        Chunker { budget: budget.clamp(1, CHUNK_BYTES), ..Chunker::default() }
-    }
-
-    fn next_len(&self) -> usize {
-        if self.samples == 0 || self.bytes == 0 {
-            return 64;
-        }
-        let average = (self.bytes / self.samples).max(1);
-        ((self.budget / average) as usize).clamp(1, CHUNK_SAMPLES)
-    }
-
-    /// Whether a chunk has been observed, so that [`next_len`](Chunker::next_len) follows
-    /// what was read rather than its first guess.
-    fn observed(&self) -> bool {
-        self.samples > 0
-    }
-
-    /// Learns from a loaded chunk. A sample counts as the larger of its source and stored
-    /// sizes: the stored size bounds what a chunk holds in memory, the source size keeps a
-    /// chunk within the readahead's budget (the same bytes). Counting only the stored bytes, a
-    /// re-encode (~35 kB stored for ~98 kB read) made chunks of 1,024 samples: three times what
-    /// the readahead holds, so the workers waited for reads at the start of every chunk, and
-    /// at the end of a run both cores idled while the writer stored and synced one large last
-    /// chunk.
-    fn observe(&mut self, loaded: &[Result<(Image, u32), String>]) {
-        self.samples += loaded.len() as u64;
-        self.bytes += loaded
-            .iter()
-            .map(|r| r.as_ref().map_or(0, |(image, _)| (image.bytes.len() as u64).max(image.source_bytes)))
-            .sum::<u64>();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn image(len: usize) -> Result<(Image, u32), String> {
-        Ok((
-            Image {
-                kind: "jpg",
-                ext: "jpg",
-                bytes: vec![0; len],
-                width: 1,
-                height: 1,
-                kept: false,
-                source_bytes: len as u64,
-            },
-            0,
-        ))
-    }
-
-    #[test]
-    fn chunks_follow_the_average_sample_size() {
-        let mut chunker = Chunker::default();
-        assert_eq!(chunker.next_len(), 64, "small first chunk");
-        chunker.observe(&vec![image(100_000); 64]);
-        assert_eq!(chunker.next_len(), (CHUNK_BYTES / 100_000) as usize);
-        let mut tiny = Chunker::default();
-        tiny.observe(&vec![image(10); 64]);
-        assert_eq!(tiny.next_len(), CHUNK_SAMPLES, "capped by count");
-        let mut huge = Chunker::default();
-        huge.observe(&[image(100 << 20)]);
-        assert_eq!(huge.next_len(), 1, "one huge sample at a time");
-        let mut shrunk = Chunker::default();
-        let small = |len: usize| image(len).map(|(i, crc)| (Image { source_bytes: 100_000, ..i }, crc));
-        shrunk.observe(&vec![small(30_000); 64]);
-        assert_eq!(shrunk.next_len(), (CHUNK_BYTES / 100_000) as usize, "re-encoded: by the source size");
-        let mut skipped = Chunker::default();
-        skipped.observe(&[Err("bad".into()), Err("bad".into())]);
-        assert_eq!(skipped.next_len(), 64);
-    }
-
-    #[test]
-    fn a_checkpoint_budget_caps_the_chunk_bytes() {
-        let mut chunker = Chunker::with_budget(1_000_000);
-        chunker.observe(&vec![image(100_000); 64]);
-        assert_eq!(chunker.next_len(), 10, "10 samples of 100 kB fill a 1 MB budget");
-        assert_eq!(Chunker::with_budget(u64::MAX).budget, CHUNK_BYTES, "never above the default");
-        let mut zero = Chunker::with_budget(0);
-        zero.observe(&[image(10)]);
-        assert_eq!(zero.next_len(), 1, "at least one sample per chunk");
-    }
 
     #[test]
     fn progress_counts_every_listed_sample_once() {
