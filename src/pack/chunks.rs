@@ -33,6 +33,7 @@ pub(crate) const CHUNK_SAMPLES: usize = 1024;
 /// Chunks being transformed at once: two, so that the workers move on to the next chunk while
 /// the last samples of one finish. Each holds up to [`CHUNK_BYTES`].
 const CHUNKS_IN_FLIGHT: usize = 2;
+
 /// Chooses how many samples the next chunk takes so that it holds about [`CHUNK_BYTES`]:
 /// the first chunk is small, later ones follow the average size of the samples read so far,
 /// within 1..=[`CHUNK_SAMPLES`].
@@ -248,5 +249,56 @@ mod tests {
         let mut zero = Chunker::with_budget(0);
         zero.observe(&[image(10)]);
         assert_eq!(zero.next_len(), 1, "at least one sample per chunk");
+    }
+
+    /// Runs `load` over `n` samples of 10 bytes served by one reader thread that, before
+    /// reading sample `k`, waits (up to a second) until the workers have transformed `k - lag`
+    /// samples. Returns the samples' bytes as the writer got them and how many reads had to
+    /// give up waiting.
+    fn load_paced(n: usize, lag: usize, workers: usize) -> (Vec<u8>, usize) {
+        use std::time::{Duration, Instant};
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(workers).build().unwrap();
+        let readahead: Readahead<Read> = Readahead::new(0..n, 1 << 20, 2 * CHUNK_SAMPLES);
+        let transformed = AtomicUsize::new(0);
+        let gave_up = AtomicUsize::new(0);
+        let transform = |bytes: Vec<u8>| {
+            transformed.fetch_add(1, Ordering::SeqCst);
+            image(bytes.len()).map(|(i, crc)| (Image { bytes, ..i }, crc))
+        };
+        let (tx, rx) = mpsc::sync_channel(1);
+        let written = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                readahead.serve(|k| {
+                    let deadline = Instant::now() + Duration::from_secs(1);
+                    while transformed.load(Ordering::SeqCst) + lag < k {
+                        if Instant::now() > deadline {
+                            gave_up.fetch_add(1, Ordering::SeqCst);
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                    (Ok(vec![k as u8; 10]), 10)
+                })
+            });
+            let writer =
+                scope.spawn(move || rx.iter().flatten().map(|r: Loaded| r.unwrap().0.bytes[0]).collect());
+            load(&pool, &readahead, 0..n, Chunker::default(), &transform, &tx);
+            drop(tx);
+            readahead.stop();
+            writer.join().unwrap()
+        });
+        (written, gave_up.load(Ordering::SeqCst))
+    }
+
+    #[test]
+    fn workers_start_on_each_sample_as_it_is_read_and_the_writer_gets_them_in_order() {
+        // The reader stays at most 2 samples ahead of the workers: had the workers waited for a
+        // whole chunk (64 samples first) to be read, every read past the second would have had
+        // to give up waiting.
+        for workers in [1, 2, 4] {
+            let (written, gave_up) = load_paced(200, 2, workers);
+            assert_eq!(written, (0..200).map(|k| k as u8).collect::<Vec<_>>(), "{workers} workers");
+            assert_eq!(gave_up, 0, "{workers} workers waited for reads they had not asked for");
+        }
     }
 }
