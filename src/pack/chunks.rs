@@ -1,7 +1,7 @@
 //! The CPU stage: samples read ahead are checked and transcoded on the worker pool, a chunk
 //! at a time, and handed to the writer in order.
 //!
-//! A chunk is about 32 MiB of samples ([`Chunker`]): the writer checkpoints, and notices a stop
+//! A chunk is about 32 MiB of samples (`Chunker`): the writer checkpoints, and notices a stop
 //! request, between chunks. Two chunks are in flight at once, so that a worker that finishes
 //! its share of one starts on the next instead of waiting for the other's last sample. Within
 //! a chunk the workers claim samples one at a time, in order, and take each one's bytes from
