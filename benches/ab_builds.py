@@ -20,9 +20,11 @@ maturin) and no other benchmark or test (loader_vs_peers.py, pytest) has been se
 seconds (pgrep every 2 s), then holds an exclusive flock on --lock for the round; if one of them
 appears during the round, the round is discarded (kept in the raw file, marked) and redone.
 
-Raw results: one JSON line per run in --raw (bench-out/ab_builds.jsonl, appended to); the table
-(median seconds, min-max, NEW/OLD ratio of medians, ratio to durable tar) goes to stdout and
-bench-out/ab_builds.md.
+Raw results: one JSON line per run in --raw (bench-out/ab_builds.jsonl, appended to), each with
+its session (one per invocation) and the two builds (`pack --version` and SHA-256); the table of
+this session (median seconds, min-max, NEW/OLD ratio of medians, ratio to durable tar, and for
+re-encoding each build's 2 threads / 1 thread per round) goes to stdout and
+bench-out/ab_builds.md. `--report RAW [--session ID|all]` prints a session's table again.
 """
 
 from __future__ import annotations
@@ -108,8 +110,21 @@ def order(group: str, k: int) -> list[str]:
     return [f"reencode-1t@{a}", f"reencode-1t@{b}", f"reencode-2t@{a}", f"reencode-2t@{b}"]
 
 
-def report(raw: Path) -> str:
+def build_id(binary: Path) -> str:
+    """What `pack --version` says, and the start of the binary's SHA-256: two builds of one
+    commit (a dirty tree) still differ."""
+    import hashlib
+    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout.strip()
+    return f"{version}, sha256 {hashlib.sha256(binary.read_bytes()).hexdigest()[:12]}"
+
+
+def report(raw: Path, session: str | None = None) -> str:
+    """The table of one session of `raw` (by default the last one appended; "all" for every
+    line): a raw file keeps every invocation, and "old" and "new" name different builds in each."""
     runs = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
+    if session != "all":
+        session = session or (runs[-1].get("session") if runs else None)
+        runs = [r for r in runs if r.get("session") == session]
     timed = [r for r in runs if not r["warmup"] and not r["discarded"] and not r["problem"]]
     walls: dict[str, list[float]] = {}
     for r in timed:
@@ -130,6 +145,17 @@ def report(raw: Path) -> str:
     if "tar" in walls:
         t = walls["tar"]
         lines.append(f"| durable tar | {med['tar']:.2f} ({min(t):.2f}–{max(t):.2f}) | | | | | {len(t)} |")
+    # The scaling the re-encode target is about: 1 thread / 2 threads of the same build, per round.
+    by_round = {(r["name"], r["round"]): r["wall_s"] for r in timed}
+    for label in ("old", "new"):
+        ratios = [w1 / by_round[(f"reencode-2t@{label}", k)] for (n, k), w1 in sorted(by_round.items(), key=lambda x: x[0][1])
+                  if n == f"reencode-1t@{label}" and (f"reencode-2t@{label}", k) in by_round]
+        if ratios:
+            lines.append(f"{label.upper()} 2 threads / 1 thread per round: {', '.join(f'{x:.2f}' for x in ratios)} "
+                         f"(median {statistics.median(ratios):.2f})")
+    binaries = sorted({(r.get("old_binary"), r.get("new_binary")) for r in runs} - {(None, None)})
+    if binaries:
+        lines += [f"Builds: old {o}, new {n}" for o, n in binaries]
     discarded = sum(bool(r["discarded"]) for r in runs)
     lines += ["", "All timed walls (s): " + "; ".join(f"{n}: {', '.join(f'{w:.2f}' for w in ws)}"
                                                   for n, ws in sorted(walls.items())),
@@ -150,9 +176,11 @@ def main() -> int:
     p.add_argument("--raw", type=Path, default=None, help="JSON lines, appended [default: OUT/ab_builds.jsonl]")
     p.add_argument("--groups", default="pack,reencode")
     p.add_argument("--report", type=Path, default=None, help="only print the table of this raw file")
+    p.add_argument("--session", default=None,
+                   help="with --report: the session (invocation) to tabulate, or 'all' [default: the last one]")
     a = p.parse_args()
     if a.report:
-        print(report(a.report), end="")
+        print(report(a.report, a.session), end="")
         return 0
     if not (a.old and a.new):
         p.error("need OLD and NEW binaries")
@@ -167,6 +195,9 @@ def main() -> int:
     logs = out / "ab_builds-logs"
     logs.mkdir(exist_ok=True)
     lock = open(a.lock, "a")
+    # Each invocation is a session of its own in the raw file, named with its builds.
+    session = time.strftime("%Y-%m-%dT%H:%M:%S") + f"-{os.getpid()}"
+    builds = {"old_binary": f"{a.old} ({build_id(a.old)})", "new_binary": f"{a.new} ({build_id(a.new)})"}
     todo = [(g, k) for k in range(a.warmup + a.rounds) for g in a.groups.split(",")]
     while todo:
         group, k = todo[0]
@@ -194,7 +225,7 @@ def main() -> int:
                 else:
                     r["problem"] = pvt.check_output(cmd["kind"], r, cmd, n_files, tree_bytes,
                                                     stem.with_suffix(".stdout").read_text(errors="replace"))
-                r.update(name=name, group=group, round=k + 1, warmup=warm, loadavg_1m_before=load,
+                r.update(name=name, group=group, round=k + 1, warmup=warm, loadavg_1m_before=load, session=session, **builds,
                          argv=cmd["argv"], time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
                 results.append(r)
                 print(f"{group} {'warm-up' if warm else 'round'} {k + 1} {name:16s} {r['wall_s']:7.2f}s "
@@ -217,7 +248,7 @@ def main() -> int:
                 todo.pop(0)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-    table = report(raw)
+    table = report(raw, session)
     (out / "ab_builds.md").write_text(table)
     print(table, end="")
     return 0
