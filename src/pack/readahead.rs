@@ -167,15 +167,25 @@ impl<T> Readahead<T> {
         self.read.notify_all();
     }
 
-    /// Waits until no read is in flight and none can start: the readers are all waiting for the
-    /// consumer (or done).
+    /// Waits until no read is in flight and none has started for 100 ms: the readers are all
+    /// waiting, for room or for a batch of it (a take that makes room for fewer wakes none, so
+    /// whether they will start cannot be told from the state alone).
     #[cfg(test)]
     fn wait_idle(&self) {
+        use std::time::{Duration, Instant};
         let mut state = self.lock();
-        while state.in_flight > 0
-            || (!state.stopped && state.next < state.end && state.may_wake(self.budget, self.max_items))
-        {
-            state = self.read.wait(state).unwrap_or_else(|e| e.into_inner());
+        let mut seen = (state.next, state.finished);
+        let mut quiet_since = Instant::now();
+        loop {
+            if state.in_flight == 0 && quiet_since.elapsed() >= Duration::from_millis(100) {
+                return;
+            }
+            state =
+                self.read.wait_timeout(state, Duration::from_millis(10)).unwrap_or_else(|e| e.into_inner()).0;
+            if (state.next, state.finished) != seen || state.in_flight > 0 {
+                seen = (state.next, state.finished);
+                quiet_since = Instant::now();
+            }
         }
     }
 }
@@ -291,14 +301,21 @@ mod tests {
         readers: usize,
         consume: impl FnOnce(&Readahead<Vec<u8>>) -> R,
     ) -> R {
+        // Stopped however `consume` ends: a failed assertion in it must fail the test, not leave
+        // the scope waiting for readers that wait for room.
+        struct Stop<'a>(&'a Readahead<Vec<u8>>);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.stop();
+            }
+        }
         let readahead = Readahead::new(0..n, budget, max_items);
         std::thread::scope(|scope| {
             for _ in 0..readers {
                 scope.spawn(|| readahead.serve(|i| source.read(i)));
             }
-            let result = consume(&readahead);
-            readahead.stop();
-            result
+            let _stop = Stop(&readahead);
+            consume(&readahead)
         })
     }
 
