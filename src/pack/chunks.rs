@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Mutex};
 
@@ -80,7 +80,7 @@ impl Chunker {
     /// the readahead holds, so the workers waited for reads at the start of every chunk, and
     /// at the end of a run both cores idled while the writer stored and synced one large last
     /// chunk.
-    fn observe(&mut self, loaded: &[Result<(Image, u32), String>]) {
+    fn observe(&mut self, loaded: &[Loaded]) {
         self.samples += loaded.len() as u64;
         self.bytes += loaded
             .iter()
@@ -152,12 +152,11 @@ struct Chunk {
     next: AtomicUsize,
     /// What each sample became, by position in the chunk.
     loaded: Mutex<Vec<Option<Loaded>>>,
-    /// A sample's bytes never came: the readahead was stopped.
-    stopped: AtomicBool,
     /// Jobs still working on it: the last one out sends the chunk.
     working: AtomicUsize,
-    /// Where the chunk goes, `None` if stopped. A job that panics never counts itself out, so
-    /// nothing is sent, and the loader sees the sender dropped with the last job.
+    /// Where the chunk goes: `None` if a sample's bytes never came (the readahead stopped). A
+    /// job that panics never counts itself out, so nothing is sent, and the loader sees the
+    /// sender dropped with the last job.
     done: SyncSender<Option<Vec<Loaded>>>,
 }
 
@@ -167,7 +166,6 @@ impl Chunk {
             next: AtomicUsize::new(samples.start),
             loaded: Mutex::new((0..samples.len()).map(|_| None).collect()),
             samples,
-            stopped: AtomicBool::new(false),
             working: AtomicUsize::new(jobs),
             done,
         }
@@ -180,17 +178,13 @@ impl Chunk {
             if i >= self.samples.end {
                 break;
             }
-            let Some(read) = readahead.take(i) else {
-                self.stopped.store(true, Ordering::Relaxed);
-                break;
-            };
+            // `None`: the readahead was stopped; the slot left empty makes the chunk `None`.
+            let Some(read) = readahead.take(i) else { break };
             let loaded = read.and_then(transform);
             self.slots()[i - self.samples.start] = Some(loaded);
         }
         if self.working.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let loaded = std::mem::take(&mut *self.slots());
-            let chunk =
-                if self.stopped.load(Ordering::Relaxed) { None } else { loaded.into_iter().collect() };
+            let chunk = std::mem::take(&mut *self.slots()).into_iter().collect();
             let _ = self.done.send(chunk); // the loader may have stopped
         }
     }

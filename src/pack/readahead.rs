@@ -205,12 +205,9 @@ impl<T> State<T> {
         if !self.may_start(budget, max_items) {
             return false;
         }
-        if (self.in_flight == 0 && self.ready.is_empty()) || self.finished == 0 {
-            return true;
-        }
-        let average = self.finished_bytes.div_ceil(self.finished);
-        self.ready.len() as u64 + self.in_flight + WAKE_BATCH <= max_items
-            && self.buffered + (self.in_flight + WAKE_BATCH) * average <= budget
+        (self.in_flight == 0 && self.ready.is_empty())
+            || self.finished == 0
+            || self.fits(WAKE_BATCH, budget, max_items)
     }
 
     /// Whether one more read fits the budget: the bytes held plus the reads in flight (this one
@@ -223,11 +220,15 @@ impl<T> State<T> {
         if self.buffered == 0 && self.in_flight == 0 {
             return true;
         }
-        if self.finished == 0 {
-            return false;
-        }
+        self.finished > 0 && self.fits(1, budget, max_items)
+    }
+
+    /// Whether `reads` more reads fit, beside the reads in flight, at the average size read so
+    /// far (some read must have finished).
+    fn fits(&self, reads: u64, budget: u64, max_items: u64) -> bool {
         let average = self.finished_bytes.div_ceil(self.finished);
-        self.buffered + (self.in_flight + 1) * average <= budget
+        self.ready.len() as u64 + self.in_flight + reads <= max_items
+            && self.buffered + (self.in_flight + reads) * average <= budget
     }
 }
 
@@ -275,6 +276,13 @@ mod tests {
             let item = readahead.take(i).expect("no reader failed");
             self.held.fetch_sub(self.size, Ordering::SeqCst);
             item
+        }
+
+        /// Takes the samples of `range` in order, checking each is the one asked for.
+        fn take_in_order(&self, readahead: &Readahead<Vec<u8>>, range: Range<usize>) {
+            for i in range {
+                assert_eq!(self.take(readahead, i)[0], i as u8, "sample {i}");
+            }
         }
 
         fn reads(&self) -> u64 {
@@ -343,14 +351,10 @@ mod tests {
             assert_eq!(source.take(readahead, 0)[0], 0);
             readahead.wait_idle();
             assert_eq!(source.reads(), 10, "no reader woken for one read");
-            for i in 1..WAKE_BATCH as usize {
-                assert_eq!(source.take(readahead, i)[0], i as u8);
-            }
+            source.take_in_order(readahead, 1..WAKE_BATCH as usize);
             readahead.wait_idle();
             assert_eq!(source.reads(), 10 + WAKE_BATCH, "a batch taken, the budget filled again");
-            for i in WAKE_BATCH as usize..1000 {
-                assert_eq!(source.take(readahead, i)[0], i as u8);
-            }
+            source.take_in_order(readahead, WAKE_BATCH as usize..1000);
         });
         // Counted from outside, a read may start just before the consumer has counted the
         // sample it took as given back: one sample of slack.
@@ -365,14 +369,10 @@ mod tests {
         with_capped_readers(&source, 1000, (100_000, 50), 16, |readahead| {
             readahead.wait_idle();
             assert_eq!(source.reads(), 50, "read ahead exactly the cap");
-            for i in 0..WAKE_BATCH as usize {
-                assert_eq!(source.take(readahead, i)[0], i as u8);
-            }
+            source.take_in_order(readahead, 0..WAKE_BATCH as usize);
             readahead.wait_idle();
             assert_eq!(source.reads(), 50 + WAKE_BATCH, "a batch taken, a batch more read");
-            for i in WAKE_BATCH as usize..1000 {
-                assert_eq!(source.take(readahead, i)[0], i as u8);
-            }
+            source.take_in_order(readahead, WAKE_BATCH as usize..1000);
         });
     }
 

@@ -428,9 +428,6 @@ impl WebDatasetSink {
     }
 }
 
-/// Why `entries`, a stored piece of `imgpack.index`, is not shard `number`'s as `shard`
-/// records it: one entry per sample, in this shard, back to back from its start, their CRC-32s
-/// combining into the shard's.
 /// Whether a shard an interrupted run closed can be kept by `--resume`, found `len` bytes long
 /// (`None`: missing): it must be as long as the journal says, and have the checksums the run
 /// records (its CRC-32, and its MD5 with `--md5`), which shards of an earlier version may lack.
@@ -449,6 +446,9 @@ fn check_kept(shard: &ShardInfo, len: Option<u64>, md5: bool) -> std::result::Re
     }
 }
 
+/// Why `entries`, a stored piece of `imgpack.index`, is not shard `number`'s as `shard`
+/// records it: one entry per sample, in this shard, back to back from its start, their CRC-32s
+/// combining into the shard's.
 fn check_index_piece(entries: &[u8], number: usize, shard: &ShardInfo) -> std::result::Result<(), String> {
     if entries.len() as u64 != shard.samples * INDEX_ENTRY_LEN as u64 {
         return Err(format!(
