@@ -194,20 +194,30 @@ impl<T> Readahead<T> {
 /// (unless nothing is left to take). The consumers are the CPU work, and a woken reader
 /// preempts the thread that woke it: woken for each sample taken, the readers preempted the
 /// workers of a 2-thread re-encode ~3,800 times in 3,000 samples; woken when a batch fits,
-/// they run back to back.
+/// they run back to back. A budget that holds fewer than two batches (large files) wakes them
+/// when half of it is free instead ([`State::wake_batch`]).
 const WAKE_BATCH: u64 = 8;
 
 impl<T> State<T> {
     /// Whether a consumer that made room should wake a reader: a read fits, and either a batch
-    /// of them fits or nothing is read or being read (so a budget smaller than a batch never
-    /// stalls the consumer).
+    /// of them fits or nothing is read or being read.
     fn may_wake(&self, budget: u64, max_items: u64) -> bool {
         if !self.may_start(budget, max_items) {
             return false;
         }
         (self.in_flight == 0 && self.ready.is_empty())
             || self.finished == 0
-            || self.fits(WAKE_BATCH, budget, max_items)
+            || self.fits(self.wake_batch(budget, max_items), budget, max_items)
+    }
+
+    /// [`WAKE_BATCH`], or half of the reads the budget holds at the average size if that is
+    /// fewer (at least one): with a batch the budget can hardly hold, the readers would wait
+    /// until the consumer had taken everything, and then it would wait for them — reading and
+    /// the CPU work one after the other instead of at once. Some read must have finished.
+    fn wake_batch(&self, budget: u64, max_items: u64) -> u64 {
+        let average = self.finished_bytes.div_ceil(self.finished).max(1);
+        let holds = (budget / average).min(max_items);
+        WAKE_BATCH.min(holds / 2).max(1)
     }
 
     /// Whether one more read fits the budget: the bytes held plus the reads in flight (this one
@@ -373,6 +383,33 @@ mod tests {
             readahead.wait_idle();
             assert_eq!(source.reads(), 50 + WAKE_BATCH, "a batch taken, a batch more read");
             source.take_in_order(readahead, WAKE_BATCH as usize..1000);
+        });
+    }
+
+    #[test]
+    fn a_budget_that_holds_less_than_two_batches_is_refilled_when_half_of_it_is_free() {
+        // Samples of 1 MB, a budget of 6 MB: the readers must not wait for room for a batch of
+        // 8, which never comes before everything is taken (and then the consumer waits).
+        let source = Counted::new(1 << 20);
+        with_readers(&source, 100, 6 << 20, 16, |readahead| {
+            readahead.wait_idle();
+            assert_eq!(source.reads(), 6, "read ahead exactly what the budget holds");
+            source.take_in_order(readahead, 0..2);
+            readahead.wait_idle();
+            assert_eq!(source.reads(), 6, "no reader woken while less than half is free");
+            source.take_in_order(readahead, 2..3);
+            readahead.wait_idle();
+            assert_eq!(source.reads(), 9, "half of the budget free: refilled");
+            source.take_in_order(readahead, 3..100);
+        });
+        // With room for fewer than two reads, each take wakes a reader.
+        let source = Counted::new(1 << 20);
+        with_readers(&source, 10, 3 << 20 >> 1, 4, |readahead| {
+            for i in 0..10 {
+                readahead.wait_idle();
+                assert_eq!(source.reads(), i as u64 + 1, "read {i} ahead");
+                source.take_in_order(readahead, i..i + 1);
+            }
         });
     }
 

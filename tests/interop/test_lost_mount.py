@@ -1,0 +1,146 @@
+"""A source on a FUSE mount whose daemon dies mid-run (sshfs, s3fs, gcsfuse, a crashed Lustre
+client): every file of the mount then answers `ENOTCONN`. pack must stop, name the file and
+say to mount again and `--resume`, leave no output that looks complete, and, once the source
+is mounted again, `--resume` must finish into exactly what an uninterrupted run writes. It used
+to skip every remaining file as "unreadable" and publish a dataset missing most of them.
+
+The mount is benches/slowfs (a read-only FUSE passthrough that sleeps in each read, so the run
+is still going when its daemon is killed), built here; it needs /dev/fuse and fusermount3
+(Debian's `fuse3`, installed by .ci/run).
+
+Run: PACK=$PWD/target/debug/pack ~/.cache/imgpack-venv/bin/python -m pytest tests/interop/test_lost_mount.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from interop_util import REPO, copy_into, read_lmdb
+from interop_util import testdata_images as tree_images  # not collected as a test
+
+JOURNAL = "imgpack-resume.json"
+
+
+@pytest.fixture(scope="session")
+def slowfs() -> Path:
+    """The benches/slowfs binary, built (once) as benches/slow_source.py builds it."""
+    target = REPO / "target" / "slowfs"
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "--manifest-path", str(REPO / "benches/slowfs/Cargo.toml"),
+         "--target-dir", str(target)],
+        check=True,
+    )
+    return target / "release" / "slowfs"
+
+
+class Mount:
+    """slowfs serving `tree` at `mnt`, 20 ms in each read, until `kill()` or the block ends."""
+
+    def __init__(self, slowfs: Path, tree: Path, mnt: Path):
+        mnt.mkdir(parents=True, exist_ok=True)
+        self.mnt = mnt
+        self.proc = subprocess.Popen(
+            [slowfs, tree, mnt, "--latency-ms", "20", "--ops", "read"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        line = self.proc.stdout.readline()
+        assert line.startswith("mounted"), f"slowfs did not mount: {line}{self.proc.stderr.read()}"
+
+    def kill(self) -> None:
+        """SIGKILL the daemon: the kernel aborts the connection, and the mount, still in place,
+        answers ENOTCONN to everything (what a crashed FUSE daemon leaves)."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> "Mount":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        # A dead daemon's mount stays until unmounted; -z when something still holds it.
+        for flags in ("-u", "-uz"):
+            if os.path.ismount(self.mnt):
+                subprocess.run(["fusermount3", flags, str(self.mnt)], check=False)
+        assert not os.path.ismount(self.mnt), f"{self.mnt} is still mounted"
+
+
+def many_images(root: Path, copies: int) -> Path:
+    """`copies` copies of every testdata image, in the testdata classes."""
+    files = {}
+    for n in range(copies):
+        for rel in tree_images():
+            cls, name = rel.split("/", 1)
+            files[f"{cls}/{n:04d}_{name.replace('/', '_')}"] = rel
+    return copy_into(root, files)
+
+
+def run(pack_bin: Path, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    cmd = [str(pack_bin), *(os.fspath(a) for a in args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=timeout)
+    print(f"$ {' '.join(cmd)}\n[exit {proc.returncode}]\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    return proc
+
+
+def contents(out: Path, to: str) -> dict:
+    """Everything a dataset holds: every file's bytes (WebDataset) or every record (LMDB)."""
+    if to == "lmdb":
+        return read_lmdb(out).records
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("to", ["webdataset", "lmdb"])
+def test_a_mount_lost_mid_run_stops_the_run_and_resume_finishes_it(pack_bin, slowfs, tmp_path, to):
+    tree = many_images(tmp_path / "tree", copies=12)
+    found = sum(1 for p in tree.rglob("*") if p.is_file())
+    mnt, out = tmp_path / "mnt", tmp_path / "out"
+    temp = tmp_path / ".out.imgpack-tmp"
+    # Small checkpoints (the hidden --checkpoint-bytes), so some are taken before the kill.
+    args = [mnt, "--to", to, "-o", out, "--threads", "1", "--checkpoint-bytes", "64KiB"]
+    if to == "webdataset":
+        args += ["--shard-size", "64KiB"]
+
+    with Mount(slowfs, tree, mnt) as mount:
+        proc = subprocess.Popen([pack_bin, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not (temp / JOURNAL).exists():
+            assert proc.poll() is None, f"pack ended before its first checkpoint: {proc.communicate()}"
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.02)
+        mount.kill()
+        stdout, stderr = proc.communicate(timeout=120)
+        print(f"--- killed mount: pack exit {proc.returncode}\n{stdout}\n{stderr}")
+
+    # The run stopped as a failure, naming a file of the lost mount and what to do...
+    assert proc.returncode == 1, stderr
+    assert f"{mnt}/" in stderr and "Transport endpoint is not connected" in stderr, stderr
+    assert "mount it again" in stderr and "--resume" in stderr, stderr
+    assert "skipped" not in stderr, f"files of the lost mount were skipped as unreadable:\n{stderr}"
+    # ... published nothing, and kept what it had packed for --resume.
+    assert not out.exists(), f"a run whose source vanished published {sorted(os.listdir(out))}"
+    assert (temp / JOURNAL).is_file(), sorted(os.listdir(temp))
+
+    with Mount(slowfs, tree, mnt):
+        resumed = run(pack_bin, *args, "--resume", "--json")
+        assert resumed.returncode == 0, resumed.stderr
+        summary = next(line for line in resumed.stdout.splitlines() if '"summary"' in line)
+        uninterrupted = run(pack_bin, *[tmp_path / "whole" if a == out else a for a in args], "-q")
+        assert uninterrupted.returncode == 0, uninterrupted.stderr
+
+    summary = json.loads(summary)
+    assert summary["resumed"] > 0, summary
+    assert (summary["found"], summary["packed"], summary["skipped"]) == (found, found, []), summary
+    assert not temp.exists(), "--resume left its temporary behind"
+    assert contents(out, to) == contents(tmp_path / "whole", to), "resumed output differs from an uninterrupted run"
+    if to == "lmdb":
+        # And what it holds is the source tree, image for image.
+        packed = read_lmdb(out)
+        sources = sorted(p for p in tree.rglob("*") if p.is_file())
+        assert [s.image for s in packed.samples] == [p.read_bytes() for p in sources]
