@@ -12,8 +12,9 @@ import numpy as np
 
 from . import _imgpack
 
-#: Field extensions that hold an encoded image, as ``pack`` names them.
-IMAGE_FIELDS = ("jpg", "png", "webp", "bmp", "tiff", "ppm", "pgm", "pbm", "pnm", "gif")
+#: Field extensions that hold an encoded image, as ``pack`` names them (``"jpg"``, ``"png"``,
+#: ...): the format's own list, from the extension module.
+IMAGE_FIELDS: Tuple[str, ...] = _imgpack.IMAGE_FIELDS
 
 
 class Sample:

@@ -5,6 +5,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 __version__: str
+IMAGE_FIELDS: Tuple[str, ...]
 
 class ChecksumError(ValueError): ...
 

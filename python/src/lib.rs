@@ -34,5 +34,9 @@ fn _imgpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::RawLoader>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // The fields that hold an encoded image, from the one list the format has (the reader's
+    // `ImageFormat`), so that `Sample.image` finds every format pack stores and nothing else.
+    let image_fields: Vec<&str> = imgpack_reader::ImageFormat::ALL.iter().map(|f| f.extension()).collect();
+    m.add("IMAGE_FIELDS", pyo3::types::PyTuple::new(m.py(), image_fields)?)?;
     Ok(())
 }

@@ -49,6 +49,11 @@ def test_every_sample_matches_the_source_tree_and_torchvision(dataset_path, torc
         assert str(Path(ROOT) / sample.path) == path
         assert bytes(sample.image) == Path(path).read_bytes()
         assert set(sample.fields) >= {"cls", "json"}
+    # testdata holds one image of every format pack stores, and `image` finds each: the list
+    # comes from the format itself, not a copy of it that could miss one.
+    from imgpack._dataset import IMAGE_FIELDS
+
+    assert {s.image_format for s in ds} == set(IMAGE_FIELDS) == {"jpg", "png", "webp", "bmp", "tiff", "ppm", "pgm"}
 
 
 def test_lmdb_fields_equal_py_lmdb_records(packed):
