@@ -9,6 +9,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
 use super::record::{sweeps, Measurement};
@@ -24,7 +25,8 @@ type Drawn = std::result::Result<(), Box<dyn std::error::Error>>;
 /// Draws `measurements` as an SVG at `path`: left panel samples/s against threads (log2 x axis
 /// with ticks at the thread counts measured, one line+points per sweep), right panel the latency
 /// distribution of each sweep at one thread (or its lowest level) as a CDF: x = latency µs on a
-/// log10 axis, y = share of reads at or below (0..1), one line per sweep. Legend with the sweep
+/// log10 axis, y = share of reads at or below (0..1), one line per sweep, and a dashed vertical
+/// line at the median of each sweep's memory floor where it was measured. Legend with the sweep
 /// label: `{file name of path} {format} ({access}) {pattern} {cache}`.
 ///
 /// The legend sits in the lower right of the latency panel, which a CDF leaves empty; the
@@ -120,7 +122,8 @@ fn draw_latency(
         "latency distribution (fewest threads measured)"
     };
     let curves: Vec<Vec<(f64, f64)>> = lowest.iter().map(|m| cdf_points(m)).collect();
-    let x = decades(curves.iter().flatten().map(|&(us, _)| us));
+    let floors: Vec<Option<f64>> = lowest.iter().map(|m| floor_us(m)).collect();
+    let x = decades(curves.iter().flatten().map(|&(us, _)| us).chain(floors.iter().flatten().copied()));
     let (bold, light) = decade_ticks(&x);
 
     let mut chart = ChartBuilder::on(area)
@@ -148,6 +151,27 @@ fn draw_latency(
             .label(label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
     }
+    // Each sweep's memory floor (the same reads replayed from memory: `floor`) as a dashed
+    // vertical line at its median, in the sweep's colour: how far a warm read is from what the
+    // machine can do at all shows at a glance, as the tables' "x floor" column says in numbers.
+    let mut explained = false;
+    for (floor, &colour) in floors.iter().zip(colours) {
+        let Some(us) = *floor else { continue };
+        let dashes =
+            DashedLineSeries::new([(us, 0.0), (us, 1.0)], 6, 5, colour.mix(FLOOR_ALPHA).stroke_width(1));
+        let drawn = chart.draw_series(dashes)?;
+        if !explained {
+            explained = true;
+            drawn.label("dashed: memory floor, median").legend(|(x, y)| {
+                DashedPathElement::new(
+                    vec![(x, y), (x + 20, y)],
+                    5,
+                    3,
+                    BLACK.mix(FLOOR_ALPHA).stroke_width(1),
+                )
+            });
+        }
+    }
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::LowerRight)
@@ -156,6 +180,14 @@ fn draw_latency(
         .label_font(("sans-serif", 16))
         .draw()?;
     Ok(())
+}
+
+/// How opaque the memory-floor lines are: drawn over the curves, they must not hide them.
+const FLOOR_ALPHA: f64 = 0.7;
+
+/// The median of a measurement's memory floor, if it was measured and a log axis can show it.
+fn floor_us(m: &Measurement) -> Option<f64> {
+    m.floor_us.map(|f| f.p50).filter(|us| us.is_finite() && *us > 0.0)
 }
 
 /// The `(microseconds, quantile)` points of a measurement's latency distribution that a log
@@ -259,11 +291,17 @@ mod tests {
 
     /// Polylines (lines and legend marks) and circles (points) drawn in sweep `i`'s colour.
     fn marks(svg: &str, i: usize) -> (usize, usize) {
-        let stroke = format!("stroke=\"{}\"", colour(i));
+        let stroke = format!("opacity=\"1\" stroke=\"{}\"", colour(i));
         let hollow = format!("fill=\"none\" stroke=\"{}\"", colour(i));
         let lines = svg.lines().filter(|l| l.contains("<polyline") && l.contains(&stroke)).count();
         let points = svg.lines().filter(|l| l.contains("<circle") && l.contains(&hollow)).count();
         (lines, points)
+    }
+
+    /// The dashes of sweep `i`'s memory-floor line (polylines in its colour, see-through).
+    fn floor_dashes(svg: &str, i: usize) -> usize {
+        let stroke = format!("opacity=\"{FLOOR_ALPHA}\" stroke=\"{}\"", colour(i));
+        svg.lines().filter(|l| l.contains("<polyline") && l.contains(&stroke)).count()
     }
 
     /// The text of every `<text>` element (plotters writes it on the line after the tag).
@@ -283,6 +321,8 @@ mod tests {
         let mut shards = sample("/d/shards", "pread", 1, 420.0);
         shards.format = "webdataset".into();
         shards.cache = "cold".into();
+        shards.floor_us = None;
+        shards.x_floor = None;
         ms.push(shards);
         ms
     }
@@ -317,6 +357,10 @@ mod tests {
         // One level: a one-point line (drawn, if invisibly) and one point.
         assert_eq!(marks(&svg, 2), (3, 1));
         assert_eq!(marks(&svg, 3), (0, 0), "a fourth sweep appeared");
+        // The memory floor: a dashed line for each sweep that measured one, explained once.
+        assert!(floor_dashes(&svg, 0) >= 5 && floor_dashes(&svg, 1) >= 5, "no floor lines drawn");
+        assert_eq!(floor_dashes(&svg, 2), 0, "a floor drawn for a sweep without one");
+        assert_eq!(svg.matches("dashed: memory floor, median").count(), 1);
     }
 
     #[test]

@@ -443,7 +443,8 @@ pub struct BenchReadArgs {
     #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = ["paths", "file"])]
     pub compare: Vec<PathBuf>,
 
-    /// Draw throughput against threads and the latency distributions as an SVG.
+    /// Draw throughput against threads and the latency distributions (each with its memory
+    /// floor, dashed) as an SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
 
