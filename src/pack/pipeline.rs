@@ -671,17 +671,7 @@ fn read(
             slot.get_or_insert(error);
             reason
         }
-        LoadError::Sample(e) => {
-            let dangling = source.file(sample).symlink_metadata().is_ok_and(|m| m.file_type().is_symlink())
-                && e.kind() == std::io::ErrorKind::NotFound;
-            if dangling {
-                "cannot read: dangling symlink (its target does not exist)".to_string()
-            } else if e.raw_os_error() == Some(libc::ELOOP) {
-                "cannot read: symlink loop (its links point at each other)".to_string()
-            } else {
-                format!("cannot read: {e}")
-            }
-        }
+        LoadError::Sample(e) => format!("cannot read: {e}"),
     })
 }
 

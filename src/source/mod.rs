@@ -105,12 +105,21 @@ impl LoadError {
     /// A local file's read error, sorted: `ENOTCONN` is what every file of a FUSE mount (sshfs,
     /// s3fs, gcsfuse, ...) answers once its daemon is gone, so it fails the source, named by the
     /// file that met it; anything else (not found, permission, an I/O error) only the sample.
+    /// The two symlink failures get a reason that says so: the system's "No such file or
+    /// directory" for a file the listing just found reads as a race, not as a link to nothing.
     pub fn from_file(path: &Path, error: std::io::Error) -> LoadError {
+        use std::io::{Error as E, ErrorKind};
         if error.raw_os_error() == Some(libc::ENOTCONN) {
-            LoadError::Source(crate::Error::SourceGone { path: path.to_path_buf(), source: error })
-        } else {
-            LoadError::Sample(error)
+            return LoadError::Source(crate::Error::SourceGone { path: path.to_path_buf(), source: error });
         }
+        let is_link = || fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+        LoadError::Sample(if error.kind() == ErrorKind::NotFound && is_link() {
+            E::new(ErrorKind::NotFound, "dangling symlink (its target does not exist)")
+        } else if error.raw_os_error() == Some(libc::ELOOP) {
+            E::new(error.kind(), "symlink loop (its links point at each other)")
+        } else {
+            error
+        })
     }
 }
 
