@@ -275,6 +275,38 @@ mod tests {
     }
 
     #[test]
+    fn a_write_refused_with_einval_is_written_through_the_page_cache_instead() {
+        // Some file systems accept O_DIRECT at open and refuse it at write (EINVAL). A block
+        // that starts off the alignment is refused the same way by this one: the writer must
+        // switch the file to buffered writes and lose nothing, before or after.
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard.tar");
+        let file =
+            OpenOptions::new().write(true).create(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
+        let block = |seed: u8, misaligned: bool| {
+            let mut block = Block::new();
+            block.start += usize::from(misaligned);
+            block.fill(&pattern(2 * ALIGN, seed));
+            block
+        };
+        let (full, to_write) = mpsc::sync_channel(BLOCKS);
+        let (give_back, _empty) = mpsc::sync_channel(BLOCKS);
+        for (seed, misaligned) in [(1, false), (2, true), (3, false)] {
+            full.send(block(seed, misaligned)).unwrap();
+        }
+        drop(full);
+        let file = write_blocks(file, to_write, give_back).expect("the refused write is done buffered");
+        // SAFETY: reading the status flags of a descriptor the test owns.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(flags & libc::O_DIRECT, 0, "still O_DIRECT after a refused write");
+        drop(file);
+        let expected: Vec<u8> = [1, 2, 3].into_iter().flat_map(|seed| pattern(2 * ALIGN, seed)).collect();
+        assert!(std::fs::read(&path).unwrap() == expected, "the bytes differ");
+    }
+
+    #[test]
     fn a_failing_write_is_reported_with_the_path() {
         // A file opened read-only refuses every write (EBADF) in the writer thread.
         let dir = tempfile::tempdir().unwrap();
