@@ -1,5 +1,6 @@
 """Helpers shared by the interop tests (imported by conftest.py and the test modules):
-fixture paths, format sniffing, building ImageFolder trees from testdata, reading back a
+fixture paths, format sniffing, building ImageFolder trees from testdata (and large ones from
+copies of it), a directory's files with their bytes, reading back a
 dataset written by `pack --to lmdb` while checking its layout, checking every CRC-32 of an LMDB
 or WebDataset output with the standard library alone, and extracting the Python snippets the
 docs mark for testing."""
@@ -88,6 +89,23 @@ def testdata_images() -> list[str]:
     assert len(files) >= 20, f"testdata/imagefolder looks incomplete ({len(files)} files); run testdata/make_testdata.py"
     return files
 
+
+
+def big_tree(root: Path, copies: int) -> Path:
+    """`copies` copies of every testdata JPEG, spread over the testdata classes: a tree whose
+    packing takes long enough to be killed (or to lose its mount) in the middle."""
+    images = [f for f in testdata_images() if f.lower().endswith((".jpg", ".jpeg"))]
+    files = {}
+    for n in range(copies):
+        for rel in images:
+            cls, name = rel.split("/", 1)
+            files[f"{cls}/{n:04d}_{name.replace('/', '_')}"] = rel
+    return copy_into(root, files)
+
+
+def local_files(root: Path) -> dict[str, bytes]:
+    """Every file under `root` (paths relative to it, `/`-separated) with its bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 # --------------------------------------------------------------------------- reading LMDB output
 

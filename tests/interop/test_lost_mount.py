@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from interop_util import REPO, copy_into, read_lmdb
-from interop_util import testdata_images as tree_images  # not collected as a test
+from interop_util import REPO, big_tree, local_files, read_lmdb
 
 JOURNAL = "imgpack-resume.json"
 
@@ -72,34 +71,10 @@ class Mount:
         assert not os.path.ismount(self.mnt), f"{self.mnt} is still mounted"
 
 
-def many_images(root: Path, copies: int) -> Path:
-    """`copies` copies of every testdata image, in the testdata classes."""
-    files = {}
-    for n in range(copies):
-        for rel in tree_images():
-            cls, name = rel.split("/", 1)
-            files[f"{cls}/{n:04d}_{name.replace('/', '_')}"] = rel
-    return copy_into(root, files)
-
-
-def run(pack_bin: Path, *args, timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = [str(pack_bin), *(os.fspath(a) for a in args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=timeout)
-    print(f"$ {' '.join(cmd)}\n[exit {proc.returncode}]\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-    return proc
-
-
-def contents(out: Path, to: str) -> dict:
-    """Everything a dataset holds: every file's bytes (WebDataset) or every record (LMDB)."""
-    if to == "lmdb":
-        return read_lmdb(out).records
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-
-
 @pytest.mark.parametrize("to", ["webdataset", "lmdb"])
-def test_a_mount_lost_mid_run_stops_the_run_and_resume_finishes_it(pack_bin, slowfs, tmp_path, to):
-    tree = many_images(tmp_path / "tree", copies=12)
-    found = sum(1 for p in tree.rglob("*") if p.is_file())
+def test_a_mount_lost_mid_run_stops_the_run_and_resume_finishes_it(pack_bin, run_pack, slowfs, tmp_path, to):
+    tree = big_tree(tmp_path / "tree", copies=12)
+    sources = local_files(tree)
     mnt, out = tmp_path / "mnt", tmp_path / "out"
     temp = tmp_path / ".out.imgpack-tmp"
     # Small checkpoints (the hidden --checkpoint-bytes), so some are taken before the kill.
@@ -128,19 +103,22 @@ def test_a_mount_lost_mid_run_stops_the_run_and_resume_finishes_it(pack_bin, slo
     assert (temp / JOURNAL).is_file(), sorted(os.listdir(temp))
 
     with Mount(slowfs, tree, mnt):
-        resumed = run(pack_bin, *args, "--resume", "--json")
+        resumed = run_pack(*args, "--resume", "--json")
         assert resumed.returncode == 0, resumed.stderr
         summary = next(line for line in resumed.stdout.splitlines() if '"summary"' in line)
-        uninterrupted = run(pack_bin, *[tmp_path / "whole" if a == out else a for a in args], "-q")
+        uninterrupted = run_pack(*[tmp_path / "whole" if a == out else a for a in args], "-q")
         assert uninterrupted.returncode == 0, uninterrupted.stderr
 
     summary = json.loads(summary)
     assert summary["resumed"] > 0, summary
+    found = len(sources)
     assert (summary["found"], summary["packed"], summary["skipped"]) == (found, found, []), summary
     assert not temp.exists(), "--resume left its temporary behind"
-    assert contents(out, to) == contents(tmp_path / "whole", to), "resumed output differs from an uninterrupted run"
+    # What an uninterrupted run writes: file for file, or LMDB record for record, where the
+    # images are the source tree's, in its order.
     if to == "lmdb":
-        # And what it holds is the source tree, image for image.
         packed = read_lmdb(out)
-        sources = sorted(p for p in tree.rglob("*") if p.is_file())
-        assert [s.image for s in packed.samples] == [p.read_bytes() for p in sources]
+        assert packed.records == read_lmdb(tmp_path / "whole").records, "resumed output differs"
+        assert [s.image for s in packed.samples] == list(sources.values())
+    else:
+        assert local_files(out) == local_files(tmp_path / "whole"), "resumed output differs"

@@ -23,7 +23,7 @@ import botocore.exceptions
 import pytest
 import webdataset as wds
 
-from interop_util import BAD, IMAGEFOLDER, check_webdataset_checksums, copy_into
+from interop_util import BAD, IMAGEFOLDER, big_tree, check_webdataset_checksums, copy_into, local_files
 from interop_util import testdata_images as tree_images  # not collected as a test
 import s3_server as server_module
 from s3_server import closed_port
@@ -50,24 +50,8 @@ def objects(client, bucket: str, prefix: str = "") -> dict[str, bytes]:
     return out
 
 
-def local_files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def pending_uploads(client, bucket: str) -> list[str]:
     return [u["Key"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
-
-
-def big_tree(root: Path, copies: int) -> Path:
-    """`copies` copies of every testdata image, spread over the testdata classes: a tree whose
-    packing takes long enough to be killed in the middle."""
-    images = [f for f in tree_images() if f.lower().endswith((".jpg", ".jpeg"))]
-    files = {}
-    for n in range(copies):
-        for rel in images:
-            cls, name = rel.split("/", 1)
-            files[f"{cls}/{n:04d}_{name.replace('/', '_')}"] = rel
-    return copy_into(root, files)
 
 
 @pytest.mark.parametrize(

@@ -18,9 +18,9 @@ import json
 import shutil
 from pathlib import Path
 
-from interop_util import BAD, IMAGEFOLDER, copy_into
+from interop_util import BAD, IMAGEFOLDER, copy_into, local_files
 from interop_util import testdata_images as tree_images  # not collected as a test
-from test_s3 import local_files, objects, run
+from test_s3 import objects, run
 
 PARTS = 3
 SHARD = ["--shard-samples", "4", "--md5"]

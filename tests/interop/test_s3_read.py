@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from interop_util import IMAGEFOLDER
+from interop_util import IMAGEFOLDER, big_tree, local_files
 from s3_server import closed_port
-from test_s3 import big_tree, objects, run, start_pack, stopped, wait_until_gone
+from test_s3 import objects, run, start_pack, stopped, wait_until_gone
 
 OPTIONS = ["--shard-samples", "7", "--shuffle", "--seed", "11"]
 
@@ -189,8 +189,7 @@ def test_a_stored_dataset_converts_as_the_local_one_does(pack_bin, s3_server, st
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert summary["packed"] == summary["found"] > 0 and summary["skipped"] == [], summary
-    files = lambda root: {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-    a, b = files(here), files(there)
+    a, b = local_files(here), local_files(there)
     if to == "lmdb":
         # The databases differ only in the recorded source root; every record is compared.
         import lmdb
