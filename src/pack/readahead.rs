@@ -215,8 +215,7 @@ impl<T> State<T> {
     /// until the consumer had taken everything, and then it would wait for them — reading and
     /// the CPU work one after the other instead of at once. Some read must have finished.
     fn wake_batch(&self, budget: u64, max_items: u64) -> u64 {
-        let average = self.finished_bytes.div_ceil(self.finished).max(1);
-        let holds = (budget / average).min(max_items);
+        let holds = (budget / self.average().max(1)).min(max_items);
         WAKE_BATCH.min(holds / 2).max(1)
     }
 
@@ -236,9 +235,13 @@ impl<T> State<T> {
     /// Whether `reads` more reads fit, beside the reads in flight, at the average size read so
     /// far (some read must have finished).
     fn fits(&self, reads: u64, budget: u64, max_items: u64) -> bool {
-        let average = self.finished_bytes.div_ceil(self.finished);
         self.ready.len() as u64 + self.in_flight + reads <= max_items
-            && self.buffered + (self.in_flight + reads) * average <= budget
+            && self.buffered + (self.in_flight + reads) * self.average() <= budget
+    }
+
+    /// The average size of the reads finished so far, rounded up (some must have finished).
+    fn average(&self) -> u64 {
+        self.finished_bytes.div_ceil(self.finished)
     }
 }
 
