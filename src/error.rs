@@ -51,6 +51,28 @@ pub enum Error {
         /// Whether one of them is `imgpack.json`.
         dataset: bool,
     },
+    /// Another run holds the lease on a store prefix ([`crate::store::lock`]) and renews it.
+    #[error("{url}: another pack run is writing it right now ({holder} holds its lock {lock}, and renewed it while this run watched); wait for that run to finish, or stop it, then run this again (a run that was killed is taken over once its lock goes {:.0} s without renewal)", stale.as_secs_f64())]
+    StoreBusy {
+        /// The prefix.
+        url: String,
+        /// The lock object.
+        lock: String,
+        /// Who holds it: "pid 123 on host node07".
+        holder: String,
+        /// How often the holder renews it.
+        renew: std::time::Duration,
+        /// How long without renewal makes it stale.
+        stale: std::time::Duration,
+    },
+    /// This run's lease on its store prefix was lost: it writes nothing more there.
+    #[error("{url}: this run lost its lock on the prefix ({reason}), so it stopped writing there and left the prefix to the run that holds the lock now; if no other run should be writing it, run this again")]
+    StoreLockLost {
+        /// The lock object.
+        url: String,
+        /// How it was lost.
+        reason: String,
+    },
     /// Another run is writing the same output right now.
     #[error("{}: another pack run is writing it right now ({}it holds the lock {}); wait for that run to finish, or stop it, then run this again", path.display(), pid.map_or(String::new(), |p| format!("pid {p}; ")), lock.display())]
     Busy {

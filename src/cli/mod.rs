@@ -425,6 +425,9 @@ fn merge(args: &args::MergeArgs) -> crate::Result<u8> {
     let options = args.to_options()?;
     let bar = progress_bar(args.output.quiet, BYTES_BAR);
     let merged = crate::cluster::merge::merge(&args.path, &options, &bar)?;
+    for line in &merged.warnings {
+        eprintln!("warning: {line}");
+    }
     print_summary(&args.output, &merged);
     Ok(merged.exit_code() as u8)
 }

@@ -323,7 +323,7 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
                 bar.message("checking the store");
             }
             let (sink, ledger, journals) =
-                open_resumable(config, &listing, &stamps, &run, keys, hint, &mut report)?;
+                open_resumable(config, bar, &listing, &stamps, &run, keys, hint, &mut report)?;
             bar.position(ledger.total().position);
             (sink, ledger, Some(journals))
         }
@@ -503,19 +503,31 @@ fn rate_text(files: u64, bytes: u64, elapsed: std::time::Duration) -> String {
 /// Where a resumable run writes: a staged directory, or a store prefix.
 enum Staging {
     Dir(Staged),
-    Store(crate::store::Store),
+    /// The prefix, and this run's lease on it ([`crate::store::lock`]).
+    Store(crate::store::Store, crate::store::lock::StoreLock),
 }
 
 /// Prepares the output of a resumable run ([`resume::stage`], [`resume::stage_store`]):
 /// returns where it goes, where its journals are kept, the interrupted run's journal to
 /// continue (with `resume`), and whether an interrupted run's work was discarded.
-fn stage(config: &PackConfig, resume: bool) -> Result<(Staging, Journals, Option<Journal>, bool)> {
+///
+/// A store prefix is locked first ([`crate::store::lock`]): `waiting` hears of a wait for
+/// another run's lock.
+fn stage(
+    config: &PackConfig,
+    resume: bool,
+    waiting: &dyn Fn(&str),
+) -> Result<(Staging, Journals, Option<Journal>, bool)> {
+    use crate::store::lock::{StoreLock, Timing};
     match config.store_output()? {
         Some(url) => {
             let store = crate::store::Store::open(&url, config.endpoint.as_deref())?;
+            let lock = StoreLock::acquire(&store, Timing::from_env(), waiting)?;
+            // Every write of the run goes through a store that checks the lease.
+            let store = store.under(&lock);
             let (journals, journal, discarded) =
                 resume::stage_store(store.clone(), config.overwrite, resume)?;
-            Ok((Staging::Store(store), journals, journal, discarded))
+            Ok((Staging::Store(store, lock), journals, journal, discarded))
         }
         None => {
             let (staged, journal, discarded) = resume::stage(&config.output, config.overwrite, resume)?;
@@ -529,8 +541,10 @@ fn stage(config: &PackConfig, resume: bool) -> Result<(Staging, Journals, Option
 /// run of the same `run`, cut back to that checkpoint (after checking that the source has not
 /// changed since); otherwise fresh, with the listing saved for a later `--resume`. Returns the
 /// sink, the ledger to continue and where the run's journals go.
+#[allow(clippy::too_many_arguments)]
 fn open_resumable(
     config: &PackConfig,
+    bar: &dyn Progress,
     listing: &Listing,
     stamps: &Stamps,
     run: &Run,
@@ -538,7 +552,11 @@ fn open_resumable(
     total_bytes: u64,
     report: &mut Report,
 ) -> Result<(Box<dyn Sink>, Ledger, Journals)> {
-    let (staging, journals, journal, discarded) = stage(config, config.resume)?;
+    let waiting = |text: &str| bar.message(text);
+    let (staging, journals, journal, discarded) = stage(config, config.resume, &waiting)?;
+    if let Staging::Store(_, lock) = &staging {
+        report.warnings.extend(lock.warning.clone());
+    }
     // A part resumes by itself, whether or not there is anything to resume.
     if config.resume && journal.is_none() && config.part.is_none() {
         report.warnings.push(format!(
@@ -562,14 +580,14 @@ fn open_resumable(
             (OutputFormat::WebDataset { prefix, limits, md5 }, Staging::Dir(staged)) => {
                 Box::new(WebDatasetSink::start(staged, &shard_prefix(prefix), *limits, *md5)?)
             }
-            (OutputFormat::WebDataset { prefix, limits, md5 }, Staging::Store(store)) => {
-                Box::new(WebDatasetSink::to_store(store, &shard_prefix(prefix), *limits, *md5)?)
+            (OutputFormat::WebDataset { prefix, limits, md5 }, Staging::Store(store, lock)) => {
+                Box::new(WebDatasetSink::to_store(store, lock, &shard_prefix(prefix), *limits, *md5)?)
             }
             (_, Staging::Dir(staged)) => {
                 Box::new(LmdbSink::start(staged, total_bytes, config.checkpoint_bytes)?)
             }
             // `validate` lets only WebDataset through to a store.
-            (_, Staging::Store(store)) => {
+            (_, Staging::Store(store, _)) => {
                 return Err(Error::Usage(format!(
                     "{}: only --to webdataset can be written there",
                     store.url()
@@ -595,7 +613,7 @@ fn open_resumable(
         // A part resumes without being asked to, so what cannot be resumed starts over.
         report.warnings.push(format!("started the part over, as {reason}"));
         drop((staging, journals));
-        let (staging, journals, _, _) = stage(config, false)?;
+        let (staging, journals, _, _) = stage(config, false, &waiting)?;
         return fresh(staging, journals);
     }
     let progress = &journal.progress;
@@ -605,9 +623,9 @@ fn open_resumable(
         (OutputFormat::WebDataset { prefix, limits, md5 }, Staging::Dir(staged)) => {
             Box::new(WebDatasetSink::resume(staged, &shard_prefix(prefix), *limits, *md5, &durable)?)
         }
-        (OutputFormat::WebDataset { prefix, limits, md5 }, Staging::Store(store)) => {
-            Box::new(WebDatasetSink::resume_in_store(store, &shard_prefix(prefix), *limits, *md5, &durable)?)
-        }
+        (OutputFormat::WebDataset { prefix, limits, md5 }, Staging::Store(store, lock)) => Box::new(
+            WebDatasetSink::resume_in_store(store, lock, &shard_prefix(prefix), *limits, *md5, &durable)?,
+        ),
         (_, Staging::Dir(staged)) => Box::new(LmdbSink::resume(
             staged,
             &durable,
@@ -615,7 +633,7 @@ fn open_resumable(
             total_bytes,
             config.checkpoint_bytes,
         )?),
-        (_, Staging::Store(store)) => {
+        (_, Staging::Store(store, _)) => {
             return Err(Error::Usage(format!("{}: only --to webdataset can be written there", store.url())))
         }
     };

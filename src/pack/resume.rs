@@ -155,7 +155,9 @@ impl Journals {
 pub fn stage_store(store: Store, overwrite: bool, resume: bool) -> Result<(Journals, Option<Journal>, bool)> {
     use imgpack_reader::webdataset::META_FILE;
     let listed = store.read().list_objects(None)?;
-    let mut names: Vec<String> = listed.iter().map(|o| o.name.clone()).collect();
+    // The lock is this run's own, taken before ([`crate::store::lock`]).
+    let mut names: Vec<String> =
+        listed.iter().map(|o| o.name.clone()).filter(|n| n != crate::store::lock::LOCK_OBJECT).collect();
     let dir = tempfile::Builder::new()
         .prefix(".imgpack-resume-")
         .tempdir()

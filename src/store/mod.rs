@@ -14,6 +14,7 @@
 //! What `object_store` retries by itself (timeouts, 5xx, dropped connections, with
 //! exponential backoff: [`settings`]) never reaches the caller; what does is permanent.
 
+pub mod lock;
 pub mod upload;
 
 use std::sync::Arc;
@@ -37,6 +38,8 @@ const BUCKET_PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10
 #[derive(Clone, Debug)]
 pub struct Store {
     read: imgpack_reader::store::Store,
+    /// The lease this store writes under, if any: every write checks it ([`lock`]).
+    lease: Option<Arc<lock::Lease>>,
 }
 
 impl Store {
@@ -44,7 +47,7 @@ impl Store {
     /// [`Store::list`] is the first, and finds a missing bucket, refused credentials or an
     /// endpoint that does not answer.
     pub fn open(url: &StoreUrl, endpoint: Option<&str>) -> Result<Store> {
-        Ok(Store { read: imgpack_reader::store::Store::open(url, endpoint)? })
+        Ok(Store { read: imgpack_reader::store::Store::open(url, endpoint)?, lease: None })
     }
 
     /// The prefix this store writes under.
@@ -156,6 +159,7 @@ impl Store {
 
     /// Stores `bytes` as object `name`, in one request.
     pub fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        self.guard()?;
         self.runtime()
             .block_on(self.client().put(&self.key(name), PutPayload::from(bytes)))
             .map(drop)
@@ -168,6 +172,7 @@ impl Store {
     /// shards is a few requests, not thousands.
     pub fn delete(&self, names: &[String]) -> Result<()> {
         let Some((first, rest)) = names.split_first() else { return Ok(()) };
+        self.guard()?;
         self.runtime()
             .block_on(self.client().delete(&self.key(first)))
             .map_err(self.error(first, "delete"))?;
@@ -179,6 +184,7 @@ impl Store {
     /// Deletes the objects `names` as [`Store::delete`] does, but gives up after `within`:
     /// for cleaning up after a run that is failing already, perhaps because the store is gone.
     pub fn delete_within(&self, names: &[String], within: std::time::Duration) -> Result<()> {
+        self.guard()?;
         let all = async {
             for name in names {
                 self.client().delete(&self.key(name)).await.map_err(self.error(name, "delete"))?;
@@ -200,6 +206,7 @@ impl Store {
     /// Starts a multipart upload of object `name`, to hold at most `max_bytes` (the part size
     /// is chosen so that fits in S3's 10,000 parts).
     pub fn upload(&self, name: &str, max_bytes: u64) -> Result<Upload> {
+        self.guard()?;
         Upload::start(self.clone(), name, max_bytes)
     }
 }

@@ -162,6 +162,8 @@ impl Upload {
             self.land_one()?;
         }
         let parts = std::mem::take(&mut self.parts);
+        // Completing is what makes the object appear: not once another run owns the prefix.
+        self.store.guard()?;
         let completed = self
             .store
             .runtime()
@@ -347,6 +349,7 @@ impl Store {
 
     /// Aborts `uploads`, passing over those that are gone already; returns how many it aborted.
     fn abort(&self, uploads: Vec<Open>) -> Result<usize> {
+        self.guard()?;
         let mut aborted = 0;
         for open in uploads {
             let key = self.key(&open.name);

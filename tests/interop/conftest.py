@@ -100,3 +100,15 @@ def bucket(s3_server, request) -> str:
     name = f"t-{short}-{zlib.crc32(request.node.nodeid.encode()):08x}"
     s3_server.client().create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def slowfs() -> Path:
+    """The benches/slowfs binary, built (once) as benches/slow_source.py builds it."""
+    target = REPO / "target" / "slowfs"
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "--manifest-path", str(REPO / "benches/slowfs/Cargo.toml"),
+         "--target-dir", str(target)],
+        check=True,
+    )
+    return target / "release" / "slowfs"

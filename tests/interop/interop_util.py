@@ -9,9 +9,11 @@ docs mark for testing."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import struct
+import subprocess
 import tarfile
 import zlib
 from dataclasses import dataclass, field
@@ -106,6 +108,40 @@ def big_tree(root: Path, copies: int) -> Path:
 def local_files(root: Path) -> dict[str, bytes]:
     """Every file under `root` (paths relative to it, `/`-separated) with its bytes."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+class Mount:
+    """slowfs (the `slowfs` fixture's binary) serving `tree` at `mnt`, `latency_ms` in each read,
+    until `kill()` or the block ends: a slow source, or one whose daemon dies."""
+
+    def __init__(self, slowfs: Path, tree: Path, mnt: Path, latency_ms: int = 20):
+        mnt.mkdir(parents=True, exist_ok=True)
+        self.mnt = mnt
+        self.proc = subprocess.Popen(
+            [slowfs, tree, mnt, "--latency-ms", str(latency_ms), "--ops", "read"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        line = self.proc.stdout.readline()
+        assert line.startswith("mounted"), f"slowfs did not mount: {line}{self.proc.stderr.read()}"
+
+    def kill(self) -> None:
+        """SIGKILL the daemon: the kernel aborts the connection, and the mount, still in place,
+        answers ENOTCONN to everything (what a crashed FUSE daemon leaves)."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> "Mount":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        # A dead daemon's mount stays until unmounted; -z when something still holds it.
+        for flags in ("-u", "-uz"):
+            if os.path.ismount(self.mnt):
+                subprocess.run(["fusermount3", flags, str(self.mnt)], check=False)
+        assert not os.path.ismount(self.mnt), f"{self.mnt} is still mounted"
+
 
 # --------------------------------------------------------------------------- reading LMDB output
 

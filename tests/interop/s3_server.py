@@ -101,6 +101,9 @@ class S3Server:
             AWS_ENDPOINT_URL=self.endpoint,
             # Never ask an instance metadata service on a test machine.
             AWS_EC2_METADATA_DISABLED="true",
+            # A prefix's lock goes stale after 3 s without renewal, not 30 (src/store/lock.rs):
+            # the runs these tests kill are taken over quickly.
+            IMGPACK_STORE_LEASE_SECS="3",
         )
         env.update(overrides)
         return env

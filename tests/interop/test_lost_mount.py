@@ -17,58 +17,12 @@ import json
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from interop_util import REPO, big_tree, local_files, read_lmdb
+from interop_util import Mount, big_tree, local_files, read_lmdb
 
 JOURNAL = "imgpack-resume.json"
-
-
-@pytest.fixture(scope="session")
-def slowfs() -> Path:
-    """The benches/slowfs binary, built (once) as benches/slow_source.py builds it."""
-    target = REPO / "target" / "slowfs"
-    subprocess.run(
-        ["cargo", "build", "--release", "--quiet", "--manifest-path", str(REPO / "benches/slowfs/Cargo.toml"),
-         "--target-dir", str(target)],
-        check=True,
-    )
-    return target / "release" / "slowfs"
-
-
-class Mount:
-    """slowfs serving `tree` at `mnt`, 20 ms in each read, until `kill()` or the block ends."""
-
-    def __init__(self, slowfs: Path, tree: Path, mnt: Path):
-        mnt.mkdir(parents=True, exist_ok=True)
-        self.mnt = mnt
-        self.proc = subprocess.Popen(
-            [slowfs, tree, mnt, "--latency-ms", "20", "--ops", "read"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        line = self.proc.stdout.readline()
-        assert line.startswith("mounted"), f"slowfs did not mount: {line}{self.proc.stderr.read()}"
-
-    def kill(self) -> None:
-        """SIGKILL the daemon: the kernel aborts the connection, and the mount, still in place,
-        answers ENOTCONN to everything (what a crashed FUSE daemon leaves)."""
-        self.proc.kill()
-        self.proc.wait()
-
-    def __enter__(self) -> "Mount":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-        # A dead daemon's mount stays until unmounted; -z when something still holds it.
-        for flags in ("-u", "-uz"):
-            if os.path.ismount(self.mnt):
-                subprocess.run(["fusermount3", flags, str(self.mnt)], check=False)
-        assert not os.path.ismount(self.mnt), f"{self.mnt} is still mounted"
 
 
 @pytest.mark.parametrize("to", ["webdataset", "lmdb"])

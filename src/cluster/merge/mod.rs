@@ -85,6 +85,9 @@ pub struct Merged {
     pub bytes_out: u64,
     /// Wall time.
     pub seconds: f64,
+    /// What the user should know besides (a store merge that took over a stale lock).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl Merged {
@@ -221,6 +224,7 @@ fn summary(out: PathBuf, parts: &[FoundPart], meta: &Meta, bytes_out: u64) -> Me
         already_merged: false,
         bytes_out,
         seconds: 0.0,
+        warnings: Vec::new(),
     }
 }
 
@@ -278,6 +282,7 @@ fn already_summary(out: PathBuf, meta: &Meta, infos: &[PartInfo], bytes_out: u64
         already_merged: true,
         bytes_out,
         seconds: 0.0,
+        warnings: Vec::new(),
     }
 }
 

@@ -17,8 +17,9 @@
 //! again: a shard already rewritten is recognised and rewritten to the same bytes.
 //!
 //! LMDB parts cannot be in a store (`pack` writes LMDB only to disk, and an LMDB merge writes
-//! one database in place): they are refused, saying to merge them on disk. Nothing locks the
-//! prefix: run one merge of it at a time (the last step of the job).
+//! one database in place): they are refused, saying to merge them on disk. A merge holds the
+//! prefix's lease while it runs ([`crate::store::lock`]), so a second merge started meanwhile
+//! fails naming the first.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -34,14 +35,19 @@ use super::{
     already_summary, check_parts, merged_meta, sort_part_dirs, summary, FoundPart, MergeOptions, Merged,
 };
 use crate::progress::Progress;
+use crate::store::lock::{StoreLock, Timing, LOCK_OBJECT};
 use crate::store::{Store, StoreUrl, Upload};
 use crate::{Error, Result};
 
 /// Merges the WebDataset parts under `url` into one dataset there.
 pub(super) fn merge(url: &StoreUrl, options: &MergeOptions, bar: &dyn Progress) -> Result<Merged> {
     let store = Store::open(url, options.endpoint.as_deref())?;
-    // The first request: wrong settings or a missing bucket are reported here.
-    let sizes: BTreeMap<String, u64> = store.list_sizes()?.into_iter().collect();
+    // The first request: wrong settings or a missing bucket are reported here. One merge of a
+    // prefix at a time, as one run of a part (held until the merge returns).
+    let lock = StoreLock::acquire(&store, Timing::from_env(), &|text: &str| bar.message(text))?;
+    let store = store.under(&lock);
+    let sizes: BTreeMap<String, u64> =
+        store.list_sizes()?.into_iter().filter(|(name, _)| name != LOCK_OBJECT).collect();
     let out = PathBuf::from(url.to_string());
     let dirs =
         sort_part_dirs(sizes.keys().filter_map(|name| name.split_once('/')).map(|(dir, _)| dir.to_string()));
@@ -71,7 +77,9 @@ pub(super) fn merge(url: &StoreUrl, options: &MergeOptions, bar: &dyn Progress) 
         for (name, _) in &dirs.0 {
             infos.extend(read_meta(name)?.and_then(|meta| meta.part));
         }
-        return Ok(already_summary(out, &meta, &infos, sizes.values().sum()));
+        let mut merged = already_summary(out, &meta, &infos, sizes.values().sum());
+        merged.warnings.extend(lock.warning.clone());
+        return Ok(merged);
     }
     let parts = check_parts(&out, dirs, read_meta)?;
     let mut meta = merged_meta(&parts);
@@ -81,7 +89,9 @@ pub(super) fn merge(url: &StoreUrl, options: &MergeOptions, bar: &dyn Progress) 
         .map_err(Error::io(&std::env::temp_dir()))?;
     let files = StoredFiles { store, sizes, temp };
     let bytes_out = webdataset::merge(&files, &parts, &mut meta, options, bar)?;
-    Ok(summary(out, &parts, &meta, bytes_out))
+    let mut merged = summary(out, &parts, &meta, bytes_out);
+    merged.warnings.extend(lock.warning.clone());
+    Ok(merged)
 }
 
 /// A merge's files as objects under a store prefix.
@@ -132,9 +142,16 @@ impl Files for StoredFiles {
         self.store.put(name, bytes.to_vec())
     }
 
-    /// Every object under the prefix, as listed again now the merged files are there.
+    /// Every object under the prefix, as listed again now the merged files are there (but the
+    /// merge's lock, deleted when it returns).
     fn dataset_bytes(&self, _meta: &Meta) -> Result<u64> {
-        Ok(self.store.list_sizes()?.iter().map(|(_, size)| size).sum())
+        Ok(self
+            .store
+            .list_sizes()?
+            .iter()
+            .filter(|(name, _)| name != LOCK_OBJECT)
+            .map(|(_, size)| size)
+            .sum())
     }
 }
 

@@ -31,6 +31,7 @@ use super::direct::DirectFile;
 use crate::encoding::hex;
 use crate::pack::resume::{self, STORE_SCRATCH, UPLOADS_RECORD};
 use crate::pack::staged::Staged;
+use crate::store::lock::{StoreLock, LOCK_OBJECT};
 use crate::store::{Store, Upload};
 use crate::{Error, Result};
 
@@ -46,6 +47,8 @@ pub(super) enum Destination {
         index: tempfile::NamedTempFile,
         /// What this run stored, removed again if it stops without publishing.
         stored: Stored,
+        /// The lease on the prefix, released last, after `stored` has cleaned up.
+        lock: Box<StoreLock>,
     },
 }
 
@@ -82,14 +85,14 @@ pub(super) fn index_piece(shard: &str) -> String {
 impl Destination {
     /// Writes under `store`'s prefix, which [`resume::stage_store`] has prepared. `kept`: the
     /// objects an interrupted run stored that a resumed one keeps; they stay whatever happens.
-    pub(super) fn store(store: Store, kept: Option<Vec<String>>) -> Result<Destination> {
+    pub(super) fn store(store: Store, lock: StoreLock, kept: Option<Vec<String>>) -> Result<Destination> {
         let index = tempfile::Builder::new()
             .prefix(".imgpack-index-")
             .tempfile()
             .map_err(Error::io(std::env::temp_dir()))?;
         let keep = kept.is_some();
         let stored = Stored { store: store.clone(), names: kept.unwrap_or_default(), keep, published: false };
-        Ok(Destination::Store { store, index, stored })
+        Ok(Destination::Store { store, index, stored, lock: Box::new(lock) })
     }
 
     /// The store, when the output is in one.
@@ -112,6 +115,12 @@ impl Destination {
         if let Destination::Store { stored, .. } = self {
             stored.keep = true;
         }
+    }
+
+    /// Renews the lease on a store prefix now, failing if another run owns it: called just
+    /// before `imgpack.json` makes the prefix a dataset.
+    pub(super) fn confirm_lease(&self) -> Result<()> {
+        self.in_store().map_or(Ok(()), Store::confirm_lease)
     }
 
     /// The output as the user named it.
@@ -191,7 +200,7 @@ impl Destination {
     /// Makes `imgpack.index`, complete in its local file, part of the output: nothing to do in
     /// a directory; uploaded, streamed from the spool, to a store.
     pub(super) fn store_index(&mut self) -> Result<()> {
-        let Destination::Store { store, index, stored } = self else { return Ok(()) };
+        let Destination::Store { store, index, stored, .. } = self else { return Ok(()) };
         stored.names.push(SAMPLE_INDEX_FILE.to_string());
         store.upload_file(SAMPLE_INDEX_FILE, index.path(), Some(UPLOADS_RECORD))
     }
@@ -202,10 +211,15 @@ impl Destination {
     pub(super) fn publish(self) -> Result<()> {
         match self {
             Destination::Dir(staged) => staged.publish(),
-            Destination::Store { store, mut stored, .. } => {
+            Destination::Store { store, mut stored, lock, .. } => {
                 stored.published = true;
                 let scratch = store.read().list_objects(Some(STORE_SCRATCH))?;
-                store.delete(&scratch.into_iter().map(|o| o.name).collect::<Vec<_>>())
+                let scratch: Vec<String> =
+                    scratch.into_iter().map(|o| o.name).filter(|n| n != LOCK_OBJECT).collect();
+                store.delete(&scratch)?;
+                // Deletes the lock object, last.
+                drop(lock);
+                Ok(())
             }
         }
     }

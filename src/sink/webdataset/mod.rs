@@ -43,6 +43,7 @@ use md5::{Digest, Md5};
 use super::{Durable, Finished, PackedSample, Sink};
 use crate::encoding::{hex, json_bytes};
 use crate::pack::staged::Staged;
+use crate::store::lock::StoreLock;
 use crate::store::Store;
 use crate::{Error, Result};
 use destination::{Closed, Destination, ShardOut};
@@ -129,8 +130,15 @@ impl WebDatasetSink {
 
     /// Starts a WebDataset output under a store prefix that [`crate::pack::resume::stage_store`]
     /// has prepared, streaming each shard up as it is written.
-    pub fn to_store(store: Store, prefix: &str, limits: ShardLimits, md5: bool) -> Result<WebDatasetSink> {
-        WebDatasetSink::begin(Destination::store(store, None)?, prefix, limits, md5)
+    /// `lock` is the run's lease on the prefix, held until the sink is published or dropped.
+    pub fn to_store(
+        store: Store,
+        lock: StoreLock,
+        prefix: &str,
+        limits: ShardLimits,
+        md5: bool,
+    ) -> Result<WebDatasetSink> {
+        WebDatasetSink::begin(Destination::store(store, lock, None)?, prefix, limits, md5)
     }
 
     /// Continues the output an interrupted run left under `store`'s prefix from its checkpoint
@@ -140,6 +148,7 @@ impl WebDatasetSink {
     /// `imgpack.index` is rebuilt from the pieces.
     pub fn resume_in_store(
         store: Store,
+        lock: StoreLock,
         prefix: &str,
         limits: ShardLimits,
         md5: bool,
@@ -166,7 +175,7 @@ impl WebDatasetSink {
             .map(|o| o.name.clone())
             .collect();
         let object = |name: &str| listed.iter().find(|o| o.name == name);
-        let dest = Destination::store(store.clone(), Some(Vec::new()))?;
+        let dest = Destination::store(store.clone(), lock, Some(Vec::new()))?;
         let index_path = dest.index_path();
         let mut index = BufWriter::new(dest.create_index()?);
         let header = IndexHeader { version: INDEX_VERSION, meta_crc32: 0, samples: 0 };
@@ -580,7 +589,9 @@ impl Sink for WebDatasetSink {
             let wids = WidsIndex::of(&self.shards);
             self.dest.put(WIDS_INDEX_FILE, &json_bytes(&wids))?;
         }
-        // Last: in a store, this object is what makes the prefix a dataset.
+        // Last: in a store, this object is what makes the prefix a dataset — not if another
+        // run has taken the prefix over meanwhile.
+        self.dest.confirm_lease()?;
         self.dest.put(META_FILE, &meta_json)?;
         self.syncer.finish()?;
         let bytes = self.shards.iter().map(|s| s.bytes).sum();
