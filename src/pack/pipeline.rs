@@ -478,9 +478,14 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
         shards: Vec::new(),
         part: part.map(|p| PartInfo { skipped: part_skipped(&p, &total, &listing.samples), ..p }),
     };
-    bar.message(if to_store { "finishing the upload" } else { "syncing to disk" });
+    bar.message(if to_store { FINISHING_UPLOAD } else { FINISHING_SYNC });
     let finished = sink.finish(&meta)?;
     bar.finish();
+    if crate::interrupt::requested() {
+        // The stop came while the output was being finished (the last sync or upload), after
+        // the last checkpoint: it is whole, so it was published rather than left to resume.
+        report.warnings.push(FINISHED_THOUGH_INTERRUPTED.to_string());
+    }
     report.packed = total.packed;
     report.bytes_in = total.bytes_in;
     report.formats = total.formats.clone();
@@ -493,6 +498,14 @@ fn run(config: &PackConfig, input: Input, bar: &dyn Progress) -> Result<Report> 
     report.set_elapsed(started.elapsed().as_secs_f64());
     Ok(report)
 }
+
+/// What the progress bar says while the output is made durable and published: to disk...
+pub const FINISHING_SYNC: &str = "syncing to disk";
+/// ... or to a store.
+pub const FINISHING_UPLOAD: &str = "finishing the upload";
+
+/// The warning of a run that a stop request (Ctrl-C, SIGTERM) reached while it was finishing.
+pub const FINISHED_THOUGH_INTERRUPTED: &str = "the stop request came while the output was being finished (its last sync or upload); it is complete and was published, not stopped — delete it if it is not wanted";
 
 /// The progress bar's one rate: files and source megabytes per second of this run.
 fn rate_text(files: u64, bytes: u64, elapsed: std::time::Duration) -> String {
