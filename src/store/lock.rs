@@ -262,7 +262,8 @@ fn unsupported(error: &object_store::Error) -> bool {
 
 impl StoreLock {
     /// Takes the lease on `store`'s prefix, waiting out a holder that stopped renewing it;
-    /// fails with [`Error::StoreBusy`] if its holder renews it meanwhile. `waiting` is called
+    /// fails with [`Error::StoreBusy`] if its holder renews it meanwhile, and with
+    /// [`Error::Interrupted`] on a stop request (Ctrl-C) during the wait. `waiting` is called
     /// once, with what is being waited for, before a wait.
     pub fn acquire(store: &Store, timing: Timing, waiting: &dyn Fn(&str)) -> Result<StoreLock> {
         let url = store.url().object(LOCK_OBJECT);
@@ -294,6 +295,10 @@ impl StoreLock {
             let poll = (timing.renew / 2).max(Duration::from_millis(50));
             let outcome = loop {
                 std::thread::sleep(poll);
+                // Ctrl-C while waiting: nothing was written yet, so stop now.
+                if crate::interrupt::requested() {
+                    return Err(Error::Interrupted { temp: store.url().to_string().into(), kept: None });
+                }
                 match e_tag(store).map_err(failed)? {
                     None => break None, // released meanwhile: create it again
                     Some(now) if now != seen => {

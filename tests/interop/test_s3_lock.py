@@ -109,6 +109,25 @@ def test_a_run_whose_lock_is_taken_over_stops_and_publishes_nothing(pack_bin, s3
     assert "imgpack-resume/imgpack-resume.json" in left, "the run cleared what the other run now owns"
 
 
+def test_ctrl_c_while_waiting_for_a_stale_lock_stops_at_once_touching_nothing(pack_bin, s3_server, bucket, tmp_path):
+    client = s3_server.client()
+    url = f"s3://{bucket}/waiting/"
+    other = {"pid": 31337, "host": "gone", "since": 0, "renewal": 0}
+    client.put_object(Bucket=bucket, Key="waiting/" + LOCK, Body=json.dumps(other).encode())
+    # A 60 s lease: the run would wait a minute before taking the lock over.
+    env = s3_server.env(IMGPACK_STORE_LEASE_SECS="60")
+    proc = start_pack(pack_bin, env, IMAGEFOLDER, "--to", "webdataset", "-o", url, "-q")
+    time.sleep(1.5)
+    assert proc.poll() is None, proc.communicate()
+    stopped_at = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert time.monotonic() - stopped_at < 10, "Ctrl-C was not seen while waiting for the lock"
+    assert "nothing was kept or published" in stderr, stderr
+    assert objects(client, bucket, "waiting/") == {LOCK: json.dumps(other).encode()}
+
+
 class Renewing:
     """A lock object under `prefix` rewritten every 0.2 s, as a live run renews its lease."""
 
