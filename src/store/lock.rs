@@ -23,6 +23,10 @@
 //! time, and taken over) stops with [`Error::StoreLockLost`] and leaves the prefix to the other
 //! run, deleting nothing.
 //!
+//! A conditional write whose answer is lost (a timeout, or `object_store` retrying a request
+//! the store had applied) fails as if another run had written: the object then names this run
+//! (same pid, host and start), and the run takes its new ETag as its own.
+//!
 //! A run that ends, however it ends short of being killed, deletes the lock object. Stores that
 //! ignore conditional headers do not protect a prefix, as before this lock; one that rejects
 //! them as unsupported (HTTP 501) is written unlocked, with a warning.
@@ -95,6 +99,12 @@ impl Holder {
         Holder { pid: std::process::id(), host: host_name(), since, renewal: 0 }
     }
 
+    /// Whether `other` was written by the same run (a renewal of its own carries the same pid,
+    /// host and start; a run that takes the lock over writes its own).
+    fn same_run(&self, other: &Holder) -> bool {
+        (self.pid, &self.host, self.since) == (other.pid, &other.host, other.since)
+    }
+
     /// "pid 123 on host node07": the holder as messages name it.
     pub fn describe(holder: Option<&Holder>) -> String {
         holder.map_or_else(
@@ -151,7 +161,7 @@ impl Lease {
         let mut next = state.holder.clone();
         next.renewal += 1;
         let update = UpdateVersion { e_tag: Some(state.e_tag.clone()), version: None };
-        match put(&self.store, &next, PutMode::Update(update)) {
+        match put(&self.store, &next, PutMode::Update(update), self.timing.stale / 2) {
             Ok(e_tag) => {
                 state.holder = next;
                 state.e_tag = e_tag;
@@ -160,6 +170,14 @@ impl Lease {
             }
             Err(object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. }) => {
                 let now = read_holder(&self.store).ok().flatten();
+                // Our own write, landed though its answer was lost (a timeout, or a retry of a
+                // request the store had applied): still ours, at its new ETag.
+                if let Some((h, e_tag)) = now.as_ref().filter(|(h, _)| h.same_run(&state.holder)) {
+                    state.holder = h.clone();
+                    state.e_tag = e_tag.clone();
+                    state.renewed = Instant::now();
+                    return Ok(());
+                }
                 let reason = match now {
                     Some((h, _)) => format!("{} took it over", Holder::describe(Some(&h))),
                     None => "it was deleted".into(),
@@ -203,8 +221,11 @@ pub struct StoreLock {
 }
 
 /// Writes `holder` as the lock object with `mode`; its new ETag. A create is often a run's
-/// first request, so it retries only briefly and wrong settings are reported at once.
-fn put(store: &Store, holder: &Holder, mode: PutMode) -> object_store::Result<String> {
+/// first request, so it retries only briefly and wrong settings are reported at once; an
+/// update (a renewal, a takeover) gives up after `limit`, so a store that does not answer holds
+/// neither the writes waiting on the lease nor the end of the run for `object_store`'s minutes
+/// of retries (the next renewal tries again).
+fn put(store: &Store, holder: &Holder, mode: PutMode, limit: Duration) -> object_store::Result<String> {
     let bytes = serde_json::to_vec(holder).expect("a holder serializes");
     let first = matches!(mode, PutMode::Create);
     let options = PutOptions { mode, ..Default::default() };
@@ -213,7 +234,15 @@ fn put(store: &Store, holder: &Holder, mode: PutMode) -> object_store::Result<St
     let result = if first {
         store.runtime().block_on(store.read().check_client().put_opts(&key, payload, options))
     } else {
-        store.runtime().block_on(store.client().put_opts(&key, payload, options))
+        // The timer is made inside the runtime: it needs the runtime's clock.
+        let update =
+            async { tokio::time::timeout(limit, store.client().put_opts(&key, payload, options)).await };
+        store.runtime().block_on(update).unwrap_or_else(|_| {
+            Err(object_store::Error::Generic {
+                store: "S3",
+                source: format!("no answer within {limit:?} to a write of {LOCK_OBJECT}").into(),
+            })
+        })
     }?;
     Ok(result.e_tag.unwrap_or_default())
 }
@@ -272,7 +301,7 @@ impl StoreLock {
         let mut holder = Holder::this_process();
         let mut warning = None;
         let e_tag = loop {
-            match put(store, &holder, PutMode::Create) {
+            match put(store, &holder, PutMode::Create, timing.stale) {
                 Ok(e_tag) => break e_tag,
                 Err(object_store::Error::AlreadyExists { .. }) => {}
                 Err(e) if unsupported(&e) => {
@@ -286,6 +315,9 @@ impl StoreLock {
                 Err(e) => return Err(failed(e)),
             }
             let Some((other, seen)) = read_holder(store).map_err(failed)? else { continue };
+            if other.same_run(&holder) {
+                break seen; // our create landed, though its answer was lost and retried
+            }
             let since = Instant::now();
             waiting(&format!(
                 "{url} is held by {}; waiting up to {:.0} s to see whether it is still renewed",
@@ -316,7 +348,7 @@ impl StoreLock {
             };
             let Some(stale) = outcome else { continue };
             let update = UpdateVersion { e_tag: Some(stale), version: None };
-            match put(store, &holder, PutMode::Update(update)) {
+            match put(store, &holder, PutMode::Update(update), timing.stale) {
                 Ok(e_tag) => {
                     warning = Some(format!(
                         "took over the lock {url} from {}, which had not renewed it for {:.0} s (a run that was \
@@ -437,6 +469,20 @@ mod tests {
             "error sending request for url (http://127.0.0.1:35012/b/x): Connection refused"
         )));
         assert!(!unsupported(&generic("Server returned non-2xx status code: 412 Precondition Failed")));
+    }
+
+    #[test]
+    fn a_renewal_is_the_same_run_and_a_takeover_is_not() {
+        let ours = Holder::this_process();
+        let renewed = Holder { renewal: 7, ..ours.clone() };
+        assert!(ours.same_run(&renewed));
+        for other in [
+            Holder { pid: ours.pid + 1, ..ours.clone() },
+            Holder { host: "elsewhere".into(), ..ours.clone() },
+            Holder { since: ours.since + 1, ..ours.clone() },
+        ] {
+            assert!(!ours.same_run(&other), "{other:?}");
+        }
     }
 
     #[test]

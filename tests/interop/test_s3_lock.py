@@ -109,6 +109,24 @@ def test_a_run_whose_lock_is_taken_over_stops_and_publishes_nothing(pack_bin, s3
     assert "imgpack-resume/imgpack-resume.json" in left, "the run cleared what the other run now owns"
 
 
+def test_a_renewal_that_landed_unseen_is_taken_as_the_runs_own(pack_bin, s3_server, bucket, tmp_path):
+    # As when a renewal's answer is lost: the object holds a newer write of the same run, with an
+    # ETag the run has not seen. Its next renewal fails its If-Match, finds itself named, and
+    # goes on.
+    env, client = s3_server.env(), s3_server.client()
+    url = f"s3://{bucket}/unseen/"
+    args = packing(tmp_path, url)
+    proc = start_pack(pack_bin, env, *args)
+    wait_for_checkpoint(client, bucket, "unseen/", proc)
+    own = holder(client, bucket, "unseen/" + LOCK)
+    assert own["pid"] == proc.pid
+    client.put_object(Bucket=bucket, Key="unseen/" + LOCK, Body=json.dumps({**own, "renewal": own["renewal"] + 1000}).encode())
+    assert proc.poll() is None, "the run ended before its lock was rewritten: make the tree bigger"
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    assert objects(client, bucket, "unseen/") == local_run(pack_bin, env, tmp_path, args)
+
+
 def test_ctrl_c_while_waiting_for_a_stale_lock_stops_at_once_touching_nothing(pack_bin, s3_server, bucket, tmp_path):
     client = s3_server.client()
     url = f"s3://{bucket}/waiting/"
