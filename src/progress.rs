@@ -1,8 +1,9 @@
 //! How long library calls (packing, merging, verifying, benchmarking) tell their caller how far
 //! they got, without knowing who draws it.
 //!
-//! The `pack` binary renders [`Progress`] as an indicatif bar on the terminal; the Python
-//! package forwards it to a callback or a tqdm bar; a test can record it. The calls are hints
+//! The `pack` binary (and the Python package's `pack`, the same code) renders [`Progress`] as
+//! an indicatif bar on the terminal; an embedding program can render it its own way, and a test
+//! can record it. The calls are hints
 //! for display: nothing about the work depends on them, and every method has a default that
 //! ignores it, so a front end implements only what it shows.
 
@@ -12,6 +13,13 @@
 pub trait Progress: Sync {
     /// What the call is doing now, in a few words ("listing samples", "syncing to disk").
     fn message(&self, _text: &str) {}
+
+    /// Something the user should hear of as it happens, even where no bar is drawn (a batch
+    /// job's log): a wait of seconds for another run's lock, say. A line, not a status: the
+    /// default shows it as the [`message`](Progress::message).
+    fn notice(&self, text: &str) {
+        self.message(text)
+    }
 
     /// A new stretch of work of `total` units (samples, bytes, reads: the call's documentation
     /// says which; `0` when unknown) starts: a bar may restart its clock and rate here.

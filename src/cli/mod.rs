@@ -514,12 +514,13 @@ const BENCH_BAR: &str = "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{h
 /// becomes a bar drawn with `template` once the call gives a length.
 fn progress_bar(quiet: bool, template: &'static str) -> Bar {
     if quiet || !std::io::stderr().is_terminal() {
-        return Bar { bar: ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden()), template };
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+        return Bar { bar, template, drawn: false, quiet };
     }
     let bar = ProgressBar::new(0);
     bar.set_style(style(SPINNER));
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    Bar { bar, template }
+    Bar { bar, template, drawn: true, quiet }
 }
 
 /// Work of unknown length: what is being done and how many so far.
@@ -534,11 +535,24 @@ struct Bar {
     bar: ProgressBar,
     /// The template once the length is known.
     template: &'static str,
+    /// Whether the bar is on the terminal (else hidden: not a terminal, or `--quiet`).
+    drawn: bool,
+    quiet: bool,
 }
 
 impl Progress for Bar {
     fn message(&self, text: &str) {
         self.bar.set_message(text.to_string());
+    }
+    fn notice(&self, text: &str) {
+        // A wait of seconds must not look like a hang: above the bar on a terminal, as a line
+        // in a batch job's log where no bar is drawn.
+        if self.drawn {
+            self.bar.println(format!("note: {text}"));
+            self.bar.set_message(text.to_string());
+        } else if !self.quiet {
+            eprintln!("note: {text}");
+        }
     }
     fn length(&self, total: u64) {
         // A new stretch of work: its rate and ETA start from now, and a bar only makes sense

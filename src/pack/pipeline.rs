@@ -565,7 +565,7 @@ fn open_resumable(
     total_bytes: u64,
     report: &mut Report,
 ) -> Result<(Box<dyn Sink>, Ledger, Journals)> {
-    let waiting = |text: &str| bar.message(text);
+    let waiting = |text: &str| bar.notice(text);
     let (staging, journals, journal, discarded) = stage(config, config.resume, &waiting)?;
     if let Staging::Store(_, lock) = &staging {
         report.warnings.extend(lock.warning.clone());

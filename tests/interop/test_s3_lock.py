@@ -134,8 +134,12 @@ def test_ctrl_c_while_waiting_for_a_stale_lock_stops_at_once_touching_nothing(pa
     client.put_object(Bucket=bucket, Key="waiting/" + LOCK, Body=json.dumps(other).encode())
     # A 60 s lease: the run would wait a minute before taking the lock over.
     env = s3_server.env(IMGPACK_STORE_LEASE_SECS="60")
-    proc = start_pack(pack_bin, env, IMAGEFOLDER, "--to", "webdataset", "-o", url, "-q")
-    time.sleep(1.5)
+    proc = start_pack(pack_bin, env, IMAGEFOLDER, "--to", "webdataset", "-o", url)
+    # The wait is told as it begins, also where no progress bar is drawn (stderr is a pipe
+    # here, as in a batch job's log): a minute's silence would look like a hang.
+    note = first_line(proc.stderr, timeout=10)
+    assert note.startswith("note: ") and "held by pid 31337 on host gone" in note, note
+    assert "waiting up to 60 s" in note, note
     assert proc.poll() is None, proc.communicate()
     stopped_at = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -144,6 +148,15 @@ def test_ctrl_c_while_waiting_for_a_stale_lock_stops_at_once_touching_nothing(pa
     assert time.monotonic() - stopped_at < 10, "Ctrl-C was not seen while waiting for the lock"
     assert "nothing was kept or published" in stderr, stderr
     assert objects(client, bucket, "waiting/") == {LOCK: json.dumps(other).encode()}
+
+
+def first_line(stream, timeout: float) -> str:
+    """The first line `stream` gives within `timeout` seconds, or "" if none came."""
+    line = []
+    reader = threading.Thread(target=lambda: line.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return line[0] if line else ""
 
 
 class Renewing:
@@ -203,4 +216,5 @@ def test_a_merge_is_refused_while_another_holds_the_prefix_and_takes_a_stale_loc
     done = run(pack_bin, env, "merge", url)
     assert done.returncode == 0, done.stderr
     assert "took over the lock" in done.stderr and "pid 777 on host node07" in done.stderr, done.stderr
+    assert "note: " in done.stderr and "waiting up to 3 s" in done.stderr, "the merge waited without a word"
     assert objects(client, bucket, "out/") == merged, "the merge left its lock, or differs from a local one"

@@ -44,7 +44,7 @@ pub(super) fn merge(url: &StoreUrl, options: &MergeOptions, bar: &dyn Progress) 
     let store = Store::open(url, options.endpoint.as_deref())?;
     // The first request: wrong settings or a missing bucket are reported here. One merge of a
     // prefix at a time, as one run of a part (held until the merge returns).
-    let lock = StoreLock::acquire(&store, Timing::from_env(), &|text: &str| bar.message(text))?;
+    let lock = StoreLock::acquire(&store, Timing::from_env(), &|text: &str| bar.notice(text))?;
     let store = store.under(&lock);
     let sizes: BTreeMap<String, u64> =
         store.list_sizes()?.into_iter().filter(|(name, _)| name != LOCK_OBJECT).collect();
