@@ -149,6 +149,17 @@ pub enum Error {
         /// What does not match, and what changed.
         reason: String,
     },
+    /// `pack merge` was stopped (SIGINT or SIGTERM) before it published the merged dataset.
+    /// A merge is run again to finish: what it did is redone or recognised as done.
+    #[error(
+        "{}: merge interrupted before the merged dataset was published; run `pack merge {}` again to finish it",
+        path.display(),
+        path.display()
+    )]
+    MergeInterrupted {
+        /// The output holding the parts.
+        path: PathBuf,
+    },
     /// `pack merge` cannot merge the parts in an output.
     #[error("cannot merge {}: {reason}", path.display())]
     Merge {

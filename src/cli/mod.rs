@@ -78,7 +78,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> u8 {
                 crate::Error::Usage(_) | crate::Error::Reader(imgpack_reader::Error::BadLocation { .. }) => {
                     EXIT_USAGE
                 }
-                crate::Error::Interrupted { .. } => EXIT_INTERRUPTED,
+                crate::Error::Interrupted { .. } | crate::Error::MergeInterrupted { .. } => EXIT_INTERRUPTED,
                 _ => EXIT_ERROR,
             };
             fail(json, &message, code)
@@ -224,7 +224,8 @@ fn run(cli: Cli) -> crate::Result<u8> {
         Command::Man => return man(),
     };
     let config = args.to_config(kind)?;
-    // Only packing stops at a checkpoint on Ctrl-C; the other commands just end.
+    // Packing stops at a checkpoint on Ctrl-C, merging before it publishes (`merge`); the
+    // other commands just end.
     crate::interrupt::install();
     let bar = progress_bar(args.output.quiet, PACK_BAR);
     let report = crate::pack::pipeline::pack(&config, &bar)?;
@@ -423,6 +424,9 @@ fn verify(args: &args::VerifyArgs) -> crate::Result<u8> {
 /// `pack merge OUT`: merge the parts in OUT and report.
 fn merge(args: &args::MergeArgs) -> crate::Result<u8> {
     let options = args.to_options()?;
+    // Ctrl-C stops a merge between shards (batches), before it publishes: in a store, its
+    // lock is released on the way out instead of blocking the next merge until it goes stale.
+    crate::interrupt::install();
     let bar = progress_bar(args.output.quiet, BYTES_BAR);
     let merged = crate::cluster::merge::merge(&args.path, &options, &bar)?;
     for line in &merged.warnings {

@@ -3,7 +3,8 @@
 run, and touches nothing of it, even with --overwrite; a killed run's lock is taken over once it
 goes stale (3 s in these tests, IMGPACK_STORE_LEASE_SECS); a run whose lock another run takes
 over stops, publishes nothing and leaves the other's lock alone; `pack merge` of a prefix
-another holds is refused, and takes a stale lock over.
+another holds is refused, and takes a stale lock over; a wait for a stale lock is told as it
+begins and ends at once on Ctrl-C, for a run and for a merge.
 
 Run: PACK=$PWD/target/debug/pack ~/.cache/imgpack-venv/bin/python -m pytest tests/interop/test_s3_lock.py -q
 """
@@ -134,11 +135,17 @@ def test_ctrl_c_while_waiting_for_a_stale_lock_stops_at_once_touching_nothing(pa
     client.put_object(Bucket=bucket, Key="waiting/" + LOCK, Body=json.dumps(other).encode())
     # A 60 s lease: the run would wait a minute before taking the lock over.
     env = s3_server.env(IMGPACK_STORE_LEASE_SECS="60")
-    proc = start_pack(pack_bin, env, IMAGEFOLDER, "--to", "webdataset", "-o", url)
+    interrupt_the_wait(start_pack(pack_bin, env, IMAGEFOLDER, "--to", "webdataset", "-o", url), "pid 31337 on host gone")
+    assert objects(client, bucket, "waiting/") == {LOCK: json.dumps(other).encode()}
+
+
+def interrupt_the_wait(proc, holder: str) -> None:
+    """Checks that `proc` says it waits for the lock `holder` holds (60 s lease), sends it
+    Ctrl-C, and checks that it stops at once with nothing kept or published."""
     # The wait is told as it begins, also where no progress bar is drawn (stderr is a pipe
     # here, as in a batch job's log): a minute's silence would look like a hang.
     note = first_line(proc.stderr, timeout=10)
-    assert note.startswith("note: ") and "held by pid 31337 on host gone" in note, note
+    assert note.startswith("note: ") and f"held by {holder}" in note, note
     assert "waiting up to 60 s" in note, note
     assert proc.poll() is None, proc.communicate()
     stopped_at = time.monotonic()
@@ -147,7 +154,6 @@ def test_ctrl_c_while_waiting_for_a_stale_lock_stops_at_once_touching_nothing(pa
     assert proc.returncode == 130, stderr
     assert time.monotonic() - stopped_at < 10, "Ctrl-C was not seen while waiting for the lock"
     assert "nothing was kept or published" in stderr, stderr
-    assert objects(client, bucket, "waiting/") == {LOCK: json.dumps(other).encode()}
 
 
 def first_line(stream, timeout: float) -> str:
@@ -218,3 +224,17 @@ def test_a_merge_is_refused_while_another_holds_the_prefix_and_takes_a_stale_loc
     assert "took over the lock" in done.stderr and "pid 777 on host node07" in done.stderr, done.stderr
     assert "note: " in done.stderr and "waiting up to 3 s" in done.stderr, "the merge waited without a word"
     assert objects(client, bucket, "out/") == merged, "the merge left its lock, or differs from a local one"
+
+
+def test_ctrl_c_stops_a_merge_waiting_for_a_stale_lock_leaving_the_prefix_as_it_was(
+    pack_bin, s3_server, bucket, tmp_path
+):
+    client = s3_server.client()
+    stored_parts(pack_bin, s3_server.env(), client, bucket, tmp_path, "stop/")
+    other = {"pid": 4040, "host": "gone", "since": 0, "renewal": 0}
+    client.put_object(Bucket=bucket, Key="stop/" + LOCK, Body=json.dumps(other).encode())
+    before = objects(client, bucket, "stop/")
+    # A 60 s lease: the merge would wait a minute before taking the lock over.
+    proc = start_pack(pack_bin, s3_server.env(IMGPACK_STORE_LEASE_SECS="60"), "merge", f"s3://{bucket}/stop/")
+    interrupt_the_wait(proc, "pid 4040 on host gone")
+    assert objects(client, bucket, "stop/") == before, "the stopped merge changed the prefix"

@@ -15,7 +15,7 @@ use crate::sink::lmdb::{LmdbSink, CHECKPOINT_BYTES};
 use crate::sink::{PackedSample, Sink};
 use crate::{Error, Result};
 
-use super::{remove_if_present, FoundPart, MergeOptions};
+use super::{remove_if_present, stop_requested, FoundPart, MergeOptions};
 
 /// The staging directory of an LMDB merge, inside the output.
 pub(super) const LMDB_STAGE: &str = ".merged";
@@ -94,6 +94,7 @@ pub(super) fn merge(
                 if let Some(done) = collecting.take() {
                     batch.push(merged(done)?);
                     if batch.iter().map(PackedSample::bytes).sum::<u64>() >= 32 << 20 {
+                        stop_requested(out)?;
                         sink.write_batch(&batch)?;
                         bar.advance(batch.iter().map(PackedSample::bytes).sum());
                         batch.clear();
@@ -116,6 +117,7 @@ pub(super) fn merge(
         // The last handle: the environment closes here, before the part's files are removed.
         drop(env);
     }
+    stop_requested(out)?;
     bar.message("syncing to disk");
     let finished = sink.finish(meta)?;
     bar.finish();

@@ -27,6 +27,12 @@
 //! the key width is the plan's), recomputes their CRC-32s, the shards' MD5s and DALI indexes.
 //! Every sample read for that is checked against its part's CRC-32 first, and the rewrite is
 //! idempotent, so a merge that is interrupted is simply run again.
+//!
+//! **Ctrl-C.** `pack merge` installs the stop handler ([`crate::interrupt`]): a stop request
+//! is honoured between shards (WebDataset) and batches (LMDB) and before publishing, never
+//! once publishing has begun, and ends the merge with [`Error::MergeInterrupted`], the output
+//! as it was found (an LMDB merge's staging directory and a WebDataset merge's index
+//! temporary removed, a store prefix's lock released).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -187,6 +193,17 @@ pub fn merge(out: &Path, options: &MergeOptions, bar: &dyn Progress) -> Result<M
     };
     merged.seconds = started.elapsed().as_secs_f64();
     Ok(merged)
+}
+
+/// Fails with [`Error::MergeInterrupted`] once a stop was asked for (Ctrl-C, SIGTERM: `pack
+/// merge` installs [`crate::interrupt`]'s handler). Called between shards and batches and
+/// before publishing, never after: a merge that has started publishing finishes, and one
+/// stopped before is run again.
+fn stop_requested(out: &Path) -> Result<()> {
+    if crate::interrupt::requested() {
+        return Err(Error::MergeInterrupted { path: out.to_path_buf() });
+    }
+    Ok(())
 }
 
 /// The metadata of the dataset merged from `parts` (found and checked by [`find_parts`]),

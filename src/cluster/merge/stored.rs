@@ -153,6 +153,10 @@ impl Files for StoredFiles {
             .map(|(_, size)| size)
             .sum())
     }
+
+    fn output(&self) -> PathBuf {
+        PathBuf::from(self.store.url().to_string())
+    }
 }
 
 /// A stored shard streamed down and, rewritten, up again under its own key.

@@ -23,7 +23,7 @@ use crate::progress::Progress;
 use crate::sink::webdataset::ustar_header;
 use crate::{Error, Result};
 
-use super::{dataset_bytes, FoundPart, MergeOptions};
+use super::{dataset_bytes, stop_requested, FoundPart, MergeOptions};
 
 /// Where a WebDataset merge reads the parts' files and writes the merged dataset's: a local
 /// directory ([`Local`]) or a store prefix ([`super::stored`]). The merge itself — which keys
@@ -42,6 +42,8 @@ pub(super) trait Files: Sync {
     fn publish(&self, name: &str, bytes: &[u8]) -> Result<()>;
     /// The bytes the merged dataset `meta` occupies.
     fn dataset_bytes(&self, meta: &Meta) -> Result<u64>;
+    /// The output, as messages name it (a directory, or the `s3://` prefix).
+    fn output(&self) -> PathBuf;
 }
 
 /// One shard being renumbered: read sample by sample, in order, and written back.
@@ -97,6 +99,10 @@ impl Files for Local<'_> {
 
     fn dataset_bytes(&self, meta: &Meta) -> Result<u64> {
         Ok(dataset_bytes(self.out, meta))
+    }
+
+    fn output(&self) -> PathBuf {
+        self.out.to_path_buf()
     }
 }
 
@@ -160,9 +166,26 @@ pub(super) fn merge(
         .build()
         .map_err(|e| Error::Threads { threads: options.threads.get(), reason: e.to_string() })?;
     let index_temp = files.index_temp();
-    let io = Error::io(&index_temp);
-    let mut index = BufWriter::new(File::create(&index_temp).map_err(io)?);
-    index.write_all(&[0; INDEX_HEADER_LEN]).map_err(Error::io(&index_temp))?;
+    let written = write_merged(files, parts, meta, &pool, &index_temp, bar);
+    if written.is_err() {
+        // Stopped or failed before publishing: leave the output as it was found.
+        let _ = fs::remove_file(&index_temp);
+    }
+    written
+}
+
+/// [`merge`] with its thread pool, writing the merged index at `index_temp` and publishing it.
+fn write_merged(
+    files: &dyn Files,
+    parts: &[FoundPart],
+    meta: &mut Meta,
+    pool: &rayon::ThreadPool,
+    index_temp: &Path,
+    bar: &dyn Progress,
+) -> Result<u64> {
+    let io = Error::io(index_temp);
+    let mut index = BufWriter::new(File::create(index_temp).map_err(io)?);
+    index.write_all(&[0; INDEX_HEADER_LEN]).map_err(Error::io(index_temp))?;
     let mut shards: Vec<ShardInfo> = Vec::new();
     for part in parts {
         let mut entries = read_index(part, files.index(part)?)?;
@@ -172,6 +195,7 @@ pub(super) fn merge(
                 part_shards
                     .par_iter()
                     .map(|shard| {
+                        stop_requested(&files.output())?;
                         let range = shard.first as usize..(shard.first + shard.samples) as usize;
                         let renumbered = renumber_shard(files, part, shard, &entries[range]);
                         bar.advance(shard.bytes);
@@ -191,7 +215,7 @@ pub(super) fn merge(
         let shard_base = shards.len() as u32;
         for mut entry in entries {
             entry.shard += shard_base;
-            index.write_all(&entry.encode()).map_err(Error::io(&index_temp))?;
+            index.write_all(&entry.encode()).map_err(Error::io(index_temp))?;
         }
         shards.extend(part_shards.into_iter().map(|s| ShardInfo {
             name: format!("{}/{}", part.name, s.name),
@@ -202,11 +226,12 @@ pub(super) fn merge(
     meta.shards = shards;
     let meta_json = json_bytes(meta);
     let header = IndexHeader { version: INDEX_VERSION, meta_crc32: crc32(&meta_json), samples: meta.samples };
-    let mut index = index.into_inner().map_err(|e| Error::io(&index_temp)(e.into_error()))?;
-    index.seek(SeekFrom::Start(0)).map_err(Error::io(&index_temp))?;
-    index.write_all(&header.encode()).and_then(|()| index.sync_all()).map_err(Error::io(&index_temp))?;
+    let mut index = index.into_inner().map_err(|e| Error::io(index_temp)(e.into_error()))?;
+    index.seek(SeekFrom::Start(0)).map_err(Error::io(index_temp))?;
+    index.write_all(&header.encode()).and_then(|()| index.sync_all()).map_err(Error::io(index_temp))?;
     drop(index);
-    files.publish_file(&index_temp, SAMPLE_INDEX_FILE)?;
+    stop_requested(&files.output())?;
+    files.publish_file(index_temp, SAMPLE_INDEX_FILE)?;
     files.publish(WIDS_INDEX_FILE, &json_bytes(&WidsIndex::of(&meta.shards)))?;
     // Last: a directory with imgpack.json is a finished dataset.
     files.publish(META_FILE, &meta_json)?;
