@@ -3,9 +3,8 @@
 //!
 //! The `pack` binary (and the Python package's `pack`, the same code) renders [`Progress`] as
 //! an indicatif bar on the terminal; an embedding program can render it its own way, and a test
-//! can record it. The calls are hints
-//! for display: nothing about the work depends on them, and every method has a default that
-//! ignores it, so a front end implements only what it shows.
+//! can record it. The calls are hints for display: nothing about the work depends on them, and
+//! every method has a default that ignores it, so a front end implements only what it shows.
 
 /// Receives a running call's progress. Called from the calling thread and from worker threads,
 /// hence `Sync`; calls are cheap and frequent (once per sample or batch), so an implementation

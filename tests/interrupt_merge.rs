@@ -9,11 +9,17 @@
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use imgpack::cluster::merge::{merge, MergeOptions};
 use imgpack::progress::Progress;
 use imgpack::Error;
+
+// The integration binary's helpers (not all used here).
+#[allow(dead_code)]
+#[path = "util.rs"]
+mod util;
+
+use util::{dump, pack, Fixture};
 
 /// Asks for a stop as soon as the merge starts its work, as a Ctrl-C then would.
 struct StopAtStart;
@@ -22,21 +28,6 @@ impl Progress for StopAtStart {
     fn length(&self, _total: u64) {
         imgpack::interrupt::request();
     }
-}
-
-/// `pack` with `args`.
-fn pack(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pack"));
-    cmd.args(args);
-    cmd
-}
-
-/// Runs `cmd` to its end; returns its exit code, which must be success or "some files skipped".
-fn run(cmd: &mut Command) -> i32 {
-    let out = cmd.output().unwrap();
-    let code = out.status.code().unwrap();
-    assert!(code == 0 || code == 3, "pack exited {code}: {}", String::from_utf8_lossy(&out.stderr));
-    code
 }
 
 /// Every file under `dir` (hidden ones too), by path relative to it, with its bytes.
@@ -56,45 +47,27 @@ fn files(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     found
 }
 
-/// The test images with a corrupt file first in the plan, so the later part's keys move down
-/// and a WebDataset merge has shards to rewrite.
-fn tree_with_a_skip(dir: &Path) -> PathBuf {
-    let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
-    let root = dir.join("tree");
-    for class in std::fs::read_dir(testdata.join("imagefolder")).unwrap() {
-        let class = class.unwrap().path();
-        let to = root.join(class.file_name().unwrap());
-        std::fs::create_dir_all(&to).unwrap();
-        for image in std::fs::read_dir(&class).unwrap() {
-            let image = image.unwrap().path();
-            std::fs::copy(&image, to.join(image.file_name().unwrap())).unwrap();
-        }
-    }
-    let first = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).min().unwrap();
-    std::fs::copy(testdata.join("bad/garbage.jpg"), first.join("000_garbage.jpg")).unwrap();
-    root
-}
-
 #[test]
 fn a_merge_stopped_before_publishing_changes_nothing_and_running_it_again_finishes_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let tree = tree_with_a_skip(dir.path());
-    let plan = dir.path().join("tree.plan");
-    assert_eq!(run(&mut pack(&[&"plan", &tree, &"-o", &plan, &"-q"])), 0);
+    let fx = Fixture::new();
+    // Early in the plan (the first class): the later part's keys move down, and a WebDataset
+    // merge has shards to rewrite.
+    fx.add_bad("cat", "garbage.jpg");
+    let plan = fx.out("tree.plan");
+    pack(&[&"plan", &fx.tree(), &"-o", &plan, &"-q"]).assert().code(0);
     for to in ["lmdb", "webdataset"] {
-        let out = dir.path().join(to);
-        let single = dir.path().join(format!("{to}-single"));
+        let (out, single) = (fx.out(to), fx.out(&format!("{to}-single")));
         // Small shards: a WebDataset part has several, each rewritten by the merge.
         let shards: &[&str] = if to == "webdataset" { &["--shard-samples", "4"] } else { &[] };
-        assert_eq!(run(pack(&[&plan, &"--to", &to, &"-o", &single, &"-q"]).args(shards)), 3);
+        pack(&[&plan, &"--to", &to, &"-o", &single, &"-q"]).args(shards).assert().code(3);
         for k in 0..2 {
             let part = format!("{k}/2");
-            let code = run(pack(&[&plan, &"--part", &part, &"--to", &to, &"-o", &out, &"-q"]).args(shards));
-            assert_eq!(
-                code,
-                if k == 0 { 3 } else { 0 },
-                "part {part}: only the first holds the corrupt file"
-            );
+            // Only the first part holds the corrupt file.
+            let code = if k == 0 { 3 } else { 0 };
+            pack(&[&plan, &"--part", &part, &"--to", &to, &"-o", &out, &"-q"])
+                .args(shards)
+                .assert()
+                .code(code);
         }
         let before = files(&out);
 
@@ -108,20 +81,8 @@ fn a_merge_stopped_before_publishing_changes_nothing_and_running_it_again_finish
             before.keys().chain(after.keys()).filter(|p| before.get(*p) != after.get(*p)).collect();
         assert!(changed.is_empty(), "{to}: the interrupted merge changed, added or removed {changed:?}");
 
-        assert_eq!(
-            run(&mut pack(&[&"merge", &out, &"-q"])),
-            3,
-            "{to}: the merge run again reports the skipped file"
-        );
-        let (merged, single) = (imgpack_reader::open(&out).unwrap(), imgpack_reader::open(&single).unwrap());
-        assert_eq!(merged.len(), single.len());
-        for i in 0..single.len() {
-            let (a, b) = (merged.get(i).unwrap(), single.get(i).unwrap());
-            assert_eq!(
-                (&a.key, a.label().unwrap(), a.payload().unwrap()),
-                (&b.key, b.label().unwrap(), b.payload().unwrap()),
-                "{to}: {i}"
-            );
-        }
+        // Run again, the merge reports the skipped file and reads as the single run, key by key.
+        pack(&[&"merge", &out, &"-q"]).assert().code(3);
+        assert!(dump(&out).1 == dump(&single).1, "{to}: the merge run again differs from a single run");
     }
 }

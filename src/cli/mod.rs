@@ -519,12 +519,12 @@ const BENCH_BAR: &str = "{spinner} {elapsed_precise} [{wide_bar}] {human_pos}/{h
 fn progress_bar(quiet: bool, template: &'static str) -> Bar {
     if quiet || !std::io::stderr().is_terminal() {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
-        return Bar { bar, template, drawn: false, quiet };
+        return Bar { bar, template, quiet };
     }
     let bar = ProgressBar::new(0);
     bar.set_style(style(SPINNER));
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    Bar { bar, template, drawn: true, quiet }
+    Bar { bar, template, quiet }
 }
 
 /// Work of unknown length: what is being done and how many so far.
@@ -539,8 +539,7 @@ struct Bar {
     bar: ProgressBar,
     /// The template once the length is known.
     template: &'static str,
-    /// Whether the bar is on the terminal (else hidden: not a terminal, or `--quiet`).
-    drawn: bool,
+    /// `--quiet`: no notices either where the bar is hidden.
     quiet: bool,
 }
 
@@ -551,7 +550,7 @@ impl Progress for Bar {
     fn notice(&self, text: &str) {
         // A wait of seconds must not look like a hang: above the bar on a terminal, as a line
         // in a batch job's log where no bar is drawn.
-        if self.drawn {
+        if !self.bar.is_hidden() {
             self.bar.println(format!("note: {text}"));
             self.bar.set_message(text.to_string());
         } else if !self.quiet {
