@@ -91,7 +91,11 @@ pub fn open_env(path: &Path) -> Result<Arc<Env<WithoutTls>>> {
     if let Some(env) = known.as_ref().and_then(Weak::upgrade) {
         return Ok(env);
     }
-    open.retain(|_, env| env.strong_count() > 0);
+    // Forget the environments that are closed. Not those merely unreferenced: heed holds one
+    // until its close returns, and the entry is how a later open here knows to wait for that
+    // close rather than report someone else's environment (another path's open must not make
+    // this path's closing environment look foreign).
+    open.retain(|path, env| env.strong_count() > 0 || heed::env_closing_event(path).is_some());
     let started = std::time::Instant::now();
     let env = loop {
         match open_read_only(&canonical) {
@@ -206,6 +210,29 @@ mod tests {
                     }
                 });
             }
+        });
+    }
+
+    #[test]
+    fn an_environment_still_closing_is_waited_for_after_other_paths_were_opened() {
+        // The last handle is gone but heed still holds the environment, as in the moment before
+        // its close returns (here kept so by a clone of the `Env`, closed shortly on a thread).
+        // Opening another path meanwhile must not make this one's open fail with
+        // EnvAlreadyOpened instead of waiting for the close.
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        put(a.path(), b"k", b"a");
+        put(b.path(), b"k", b"b");
+        let env = open_env(a.path()).unwrap();
+        let closing = Env::clone(&env);
+        drop(env);
+        assert_eq!(get(&open_env(b.path()).unwrap(), b"k").as_deref(), Some(&b"b"[..]));
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                drop(closing);
+            });
+            let again = open_env(a.path()).expect("waits for the close, then opens afresh");
+            assert_eq!(get(&again, b"k").as_deref(), Some(&b"a"[..]));
         });
     }
 
