@@ -27,6 +27,10 @@
 //! - the output lock is a `flock`, which the kernel releases when the process ends; the lock
 //!   file left beside the output is taken over by the next run ([`crate::pack::staged::OutputLock`]).
 //!
+//! `pack merge` stops the same way but has no checkpoints: it stops between shards and
+//! batches, before it publishes, and is run again ([`Stopping::BeforePublishing`]); its
+//! messages say so ([`MERGE_STOPPING`], [`MERGE_STOPPING_NOW`]).
+//!
 //! The handler only reads the monotonic clock, touches atomics, `write`s to fd 2 and calls
 //! `_exit`: all async-signal-safe. It saves and restores `errno`, which `write` may change
 //! under the code it interrupted.
@@ -49,6 +53,33 @@ pub const STOPPING: &str = "pack: stopping at the next checkpoint, please wait (
 /// What a second signal prints before the process exits with [`EXIT_CODE`].
 pub const STOPPING_NOW: &str = "pack: stopping now; an unfinished output is never published, and --resume continues from the last checkpoint\n";
 
+/// What the first signal prints during `pack merge`.
+pub const MERGE_STOPPING: &str =
+    "pack merge: stopping before the merged dataset is published, please wait (Ctrl-C again to stop now)\n";
+
+/// What a second signal prints during `pack merge`.
+pub const MERGE_STOPPING_NOW: &str =
+    "pack merge: stopping now; run the same `pack merge` again to finish the merge\n";
+
+/// Where a command stops on the first signal, which decides what the handler says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopping {
+    /// Packing: at the next checkpoint, continued with `--resume`.
+    AtCheckpoint,
+    /// `pack merge`: between shards and batches, before publishing; run again.
+    BeforePublishing,
+}
+
+impl Stopping {
+    /// What the first signal and a later one print.
+    pub fn messages(self) -> (&'static str, &'static str) {
+        match self {
+            Stopping::AtCheckpoint => (STOPPING, STOPPING_NOW),
+            Stopping::BeforePublishing => (MERGE_STOPPING, MERGE_STOPPING_NOW),
+        }
+    }
+}
+
 /// Erases the current terminal line (the progress bar, and the `^C` the terminal echoed).
 const CLEAR_LINE: &str = "\r\x1b[2K";
 
@@ -57,6 +88,8 @@ static REQUESTED: AtomicBool = AtomicBool::new(false);
 static FIRST_SIGNAL_NS: AtomicU64 = AtomicU64::new(0);
 /// Whether stderr is a terminal (asked once, at install: `isatty` is not async-signal-safe).
 static STDERR_IS_TERMINAL: AtomicBool = AtomicBool::new(false);
+/// Whether the installed handler speaks for `pack merge` ([`Stopping::BeforePublishing`]).
+static MERGING: AtomicBool = AtomicBool::new(false);
 
 /// What a signal does, given when the first one arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,16 +137,19 @@ extern "C" fn on_signal(_: libc::c_int) {
             say(CLEAR_LINE);
         }
     };
+    let stopping =
+        if MERGING.load(Ordering::Relaxed) { Stopping::BeforePublishing } else { Stopping::AtCheckpoint };
+    let (stopping, stopping_now) = stopping.messages();
     match action(first, now) {
         Action::Stop => {
             REQUESTED.store(true, Ordering::SeqCst);
             clear();
-            say(STOPPING);
+            say(stopping);
         }
         Action::Ignore => {}
         Action::ExitNow => {
             clear();
-            say(STOPPING_NOW);
+            say(stopping_now);
             // SAFETY: _exit ends the process without running any code of this program; what
             // that leaves on disk is safe, as the module documentation explains.
             unsafe { libc::_exit(i32::from(EXIT_CODE)) };
@@ -124,8 +160,9 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 /// Installs the handler for SIGINT and SIGTERM (for the rest of the process: see the module
-/// documentation for what the first and a second signal do).
-pub fn install() {
+/// documentation for what the first and a second signal do), saying what `stopping` does.
+pub fn install(stopping: Stopping) {
+    MERGING.store(stopping == Stopping::BeforePublishing, Ordering::Relaxed);
     // SAFETY: isatty only asks about a file descriptor.
     STDERR_IS_TERMINAL.store(unsafe { libc::isatty(libc::STDERR_FILENO) } == 1, Ordering::Relaxed);
     for signal in [libc::SIGINT, libc::SIGTERM] {
@@ -180,9 +217,20 @@ mod tests {
 
     #[test]
     fn the_messages_are_one_line_each() {
-        for text in [STOPPING, STOPPING_NOW] {
-            assert!(text.starts_with("pack: ") && text.ends_with('\n') && text.matches('\n').count() == 1);
+        for text in [STOPPING, STOPPING_NOW, MERGE_STOPPING, MERGE_STOPPING_NOW] {
+            assert!(text.starts_with("pack") && text.ends_with('\n') && text.matches('\n').count() == 1);
         }
         assert!(STOPPING.contains("please wait") && STOPPING_NOW.contains("--resume"));
+    }
+
+    #[test]
+    fn a_merge_is_told_it_stops_before_publishing_not_at_a_checkpoint() {
+        assert_eq!(Stopping::AtCheckpoint.messages(), (STOPPING, STOPPING_NOW));
+        let (first, now) = Stopping::BeforePublishing.messages();
+        assert!(
+            first.starts_with("pack merge: ") && first.contains("before") && first.contains("please wait")
+        );
+        assert!(!first.contains("checkpoint") && !now.contains("--resume"), "a merge has neither");
+        assert!(now.contains("`pack merge` again"));
     }
 }

@@ -226,7 +226,7 @@ fn run(cli: Cli) -> crate::Result<u8> {
     let config = args.to_config(kind)?;
     // Packing stops at a checkpoint on Ctrl-C, merging before it publishes (`merge`); the
     // other commands just end.
-    crate::interrupt::install();
+    crate::interrupt::install(crate::interrupt::Stopping::AtCheckpoint);
     let bar = progress_bar(args.output.quiet, PACK_BAR);
     let report = crate::pack::pipeline::pack(&config, &bar)?;
     for line in report.warning_lines() {
@@ -426,7 +426,7 @@ fn merge(args: &args::MergeArgs) -> crate::Result<u8> {
     let options = args.to_options()?;
     // Ctrl-C stops a merge between shards (batches), before it publishes: in a store, its
     // lock is released on the way out instead of blocking the next merge until it goes stale.
-    crate::interrupt::install();
+    crate::interrupt::install(crate::interrupt::Stopping::BeforePublishing);
     let bar = progress_bar(args.output.quiet, BYTES_BAR);
     let merged = crate::cluster::merge::merge(&args.path, &options, &bar)?;
     for line in &merged.warnings {

@@ -135,13 +135,14 @@ def test_ctrl_c_while_waiting_for_a_stale_lock_stops_at_once_touching_nothing(pa
     client.put_object(Bucket=bucket, Key="waiting/" + LOCK, Body=json.dumps(other).encode())
     # A 60 s lease: the run would wait a minute before taking the lock over.
     env = s3_server.env(IMGPACK_STORE_LEASE_SECS="60")
-    interrupt_the_wait(start_pack(pack_bin, env, IMAGEFOLDER, "--to", "webdataset", "-o", url), "pid 31337 on host gone")
+    proc = start_pack(pack_bin, env, IMAGEFOLDER, "--to", "webdataset", "-o", url)
+    interrupt_the_wait(proc, "pid 31337 on host gone", says="pack: stopping at the next checkpoint, please wait")
     assert objects(client, bucket, "waiting/") == {LOCK: json.dumps(other).encode()}
 
 
-def interrupt_the_wait(proc, holder: str) -> None:
+def interrupt_the_wait(proc, holder: str, says: str) -> str:
     """Checks that `proc` says it waits for the lock `holder` holds (60 s lease), sends it
-    Ctrl-C, and checks that it stops at once with nothing kept or published."""
+    Ctrl-C, and checks that it says `says` and stops at once with nothing kept or published."""
     # The wait is told as it begins, also where no progress bar is drawn (stderr is a pipe
     # here, as in a batch job's log): a minute's silence would look like a hang.
     note = first_line(proc.stderr, timeout=10)
@@ -154,6 +155,8 @@ def interrupt_the_wait(proc, holder: str) -> None:
     assert proc.returncode == 130, stderr
     assert time.monotonic() - stopped_at < 10, "Ctrl-C was not seen while waiting for the lock"
     assert "nothing was kept or published" in stderr, stderr
+    assert says in stderr, stderr
+    return stderr
 
 
 def first_line(stream, timeout: float) -> str:
@@ -236,5 +239,8 @@ def test_ctrl_c_stops_a_merge_waiting_for_a_stale_lock_leaving_the_prefix_as_it_
     before = objects(client, bucket, "stop/")
     # A 60 s lease: the merge would wait a minute before taking the lock over.
     proc = start_pack(pack_bin, s3_server.env(IMGPACK_STORE_LEASE_SECS="60"), "merge", f"s3://{bucket}/stop/")
-    interrupt_the_wait(proc, "pid 4040 on host gone")
+    # A merge has no checkpoints: it says where it stops instead.
+    stderr = interrupt_the_wait(proc, "pid 4040 on host gone", says="pack merge: stopping before the merged dataset is published")
+    stopping = next(line for line in stderr.splitlines() if line.startswith("pack merge: stopping"))
+    assert "checkpoint" not in stopping, stderr
     assert objects(client, bucket, "stop/") == before, "the stopped merge changed the prefix"
