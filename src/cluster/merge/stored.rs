@@ -44,7 +44,14 @@ pub(super) fn merge(url: &StoreUrl, options: &MergeOptions, bar: &dyn Progress) 
     let store = Store::open(url, options.endpoint.as_deref())?;
     // The first request: wrong settings or a missing bucket are reported here. One merge of a
     // prefix at a time, as one run of a part (held until the merge returns).
-    let lock = StoreLock::acquire(&store, Timing::from_env(), &|text: &str| bar.notice(text))?;
+    // Stopped while waiting for another's stale lock: the merge's own error, which says to run
+    // the merge again, not the run's ("before the first checkpoint": a merge has none).
+    let lock = StoreLock::acquire(&store, Timing::from_env(), &|text: &str| bar.notice(text)).map_err(
+        |e| match e {
+            Error::Interrupted { .. } => Error::MergeInterrupted { path: PathBuf::from(url.to_string()) },
+            e => e,
+        },
+    )?;
     let store = store.under(&lock);
     let sizes: BTreeMap<String, u64> =
         store.list_sizes()?.into_iter().filter(|(name, _)| name != LOCK_OBJECT).collect();
