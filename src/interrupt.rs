@@ -217,8 +217,16 @@ mod tests {
 
     #[test]
     fn the_messages_are_one_line_each() {
-        for text in [STOPPING, STOPPING_NOW, MERGE_STOPPING, MERGE_STOPPING_NOW] {
-            assert!(text.starts_with("pack") && text.ends_with('\n') && text.matches('\n').count() == 1);
+        for (text, prefix) in [
+            (STOPPING, "pack: "),
+            (STOPPING_NOW, "pack: "),
+            (MERGE_STOPPING, "pack merge: "),
+            (MERGE_STOPPING_NOW, "pack merge: "),
+        ] {
+            assert!(
+                text.starts_with(prefix) && text.ends_with('\n') && text.matches('\n').count() == 1,
+                "{text}"
+            );
         }
         assert!(STOPPING.contains("please wait") && STOPPING_NOW.contains("--resume"));
     }
