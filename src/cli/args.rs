@@ -596,12 +596,15 @@ pub struct PackArgs {
     #[arg(long, value_name = "N", value_parser = thread_count)]
     pub threads: Option<NonZeroUsize>,
 
-    /// Files read at once, ahead of the --threads workers [default: 4 per core, at least 32].
+    /// The most files read at once, ahead of the --threads workers [default: 4 per core, at
+    /// least 32].
     ///
     /// On NFS, Lustre, a network disk or an HDD every open and read waits milliseconds while the
-    /// CPU idles; many reads in flight hide that wait. Raise it for stores whose latency is
-    /// higher still (object storage behind FUSE), lower it to spare a shared file server. At
-    /// most 32 MiB are read ahead, whatever N; the output is the same for every N.
+    /// CPU idles; many reads in flight hide that wait. pack starts with one and adds reads in
+    /// flight, up to N, while the workers wait for files: a fast disk keeps one or two, a slow
+    /// one gets all N within a few reads. Raise it for stores whose latency is higher still
+    /// (object storage behind FUSE), lower it to spare a shared file server. At most 32 MiB are
+    /// read ahead, whatever N; the output is the same for every N.
     ///
     /// Example: pack /nfs/imagenet/train --to lmdb -o train.lmdb --io-threads 64
     #[arg(long, value_name = "N", value_parser = thread_count)]

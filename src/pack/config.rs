@@ -78,8 +78,9 @@ pub struct PackConfig {
     pub format: OutputFormat,
     /// Worker threads for checking and transcoding images: CPU work, one per core by default.
     pub threads: NonZeroUsize,
-    /// Files read at once, ahead of the workers (`--io-threads`): reads wait on storage, not on
-    /// the CPU, so there are more of them than cores ([`default_io_threads`]).
+    /// The most files read at once, ahead of the workers (`--io-threads`): reads wait on storage,
+    /// not on the CPU, so there may be more of them than cores ([`default_io_threads`]). The
+    /// readahead runs as many as keep the workers fed ([`crate::pack::readahead`]).
     pub io_threads: NonZeroUsize,
     /// `Some(seed)` to permute the samples deterministically.
     pub shuffle: Option<u64>,
@@ -266,7 +267,7 @@ pub fn all_cores() -> NonZeroUsize {
     std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
 }
 
-/// The default `--io-threads`: 32 reads in flight, or 4 per core on a machine with more than 8.
+/// The default `--io-threads`: up to 32 reads in flight, or 4 per core on a machine with more than 8.
 /// A read that waits on NFS, Lustre or a disk costs a sleeping thread, not a core; benches/
 /// slow_source.py measured the choice (README, "Packing from slow storage").
 pub fn default_io_threads() -> NonZeroUsize {

@@ -4,8 +4,9 @@
 //! files are read, since listing does not `stat` them). Three stages run at once:
 //!
 //! * the readers (`--io-threads`, [`crate::pack::readahead`]) read the files in listing order,
-//!   many at a time, ahead of the CPU work and within a 32 MiB budget: on NFS, Lustre or a disk
-//!   each read waits milliseconds, and that wait is spent on other reads, not on idle cores;
+//!   ahead of the CPU work and within a 32 MiB budget, as many at a time as keep the workers
+//!   fed: on NFS, Lustre or a disk each read waits milliseconds, and that wait is spent on
+//!   other reads, not on idle cores;
 //! * the worker pool (`--threads`, one per core: CPU work, [`crate::pack::chunks`]) checks and
 //!   transcodes them a chunk at a time, two chunks at once so that the workers never wait at a
 //!   chunk's end, each worker taking the next sample read as soon as it is read; a loader

@@ -11,10 +11,28 @@
 //! taken, plus the reads in flight at the average size read so far, stay within the budget
 //! (before any read has finished, one read at a time). With samples of one size, what the stage
 //! holds never exceeds the larger of the budget and one sample.
+//!
+//! # As many reads in flight as the source needs
+//!
+//! The readers are the most there may be (`--io-threads`, 32), not how many read at once. Reads
+//! start one at a time, and a consumer that has to wait for a sample while every read allowed
+//! is in flight, and fewer samples than that are ready, doubles the reads allowed, up to the
+//! number of readers — at most once per read's time, so that the readers added last have
+//! delivered before it judges again. A slow source (2 ms per open and read) reaches 32 reads in
+//! flight within a few reads' time. A fast one (the page cache, an SSD) keeps the workers fed
+//! with one or two, and stays there: 32 readers on such a source cost a 2-thread re-encode ~5%
+//! of its time, the second core's share going to waking readers that each read one file and
+//! slept again (`sys` time 0.4 s where two readers take 0.2 s), while a 1-thread run, which
+//! leaves them the other core, did not notice.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Reads allowed in flight at the start ([`State::allowed`]): one reader, woken when a batch
+/// of reads fits ([`WAKE_BATCH`]), reads the whole batch before it sleeps again.
+const FIRST_ALLOWED: u64 = 1;
 
 /// Reads the samples of a range ahead of their consumer, by any number of threads calling
 /// [`serve`](Readahead::serve).
@@ -44,6 +62,15 @@ struct State<T> {
     /// Reads finished and the bytes they gave, for the average size.
     finished: u64,
     finished_bytes: u64,
+    /// Reads allowed in flight at once: from [`FIRST_ALLOWED`], doubled up to `readers` while
+    /// the consumer waits with all of them in flight (see the [module docs](self)).
+    allowed: u64,
+    /// Threads in [`Readahead::serve`].
+    readers: u64,
+    /// When `allowed` last grew, and how long a read takes (a moving average of the last few):
+    /// it grows again only once the readers it added have had a read's time to deliver.
+    grown_at: Option<Instant>,
+    read_time: Duration,
     /// No more reads are started (the consumer is done, or stopped early).
     stopped: bool,
     /// A reader panicked: the item it was reading will never come.
@@ -65,6 +92,10 @@ impl<T> Readahead<T> {
                 in_flight: 0,
                 finished: 0,
                 finished_bytes: 0,
+                allowed: FIRST_ALLOWED,
+                readers: 0,
+                grown_at: None,
+                read_time: Duration::ZERO,
                 stopped: false,
                 failed: false,
             }),
@@ -87,17 +118,22 @@ impl<T> Readahead<T> {
     /// woken wakes the next if there is room for more): with dozens of readers, a consumer that
     /// takes one sample does not wake them all.
     pub fn serve(&self, read: impl Fn(usize) -> (T, u64)) {
-        // A panicking `read` must not leave the consumer waiting for an item that never comes.
-        struct Failed<'a, T>(&'a Readahead<T>);
-        impl<T> Drop for Failed<'_, T> {
+        // A panicking `read` must not leave the consumer waiting for an item that never comes;
+        // and a reader that returns is no longer one that more reads could be allowed for.
+        struct Serving<'a, T>(&'a Readahead<T>);
+        impl<T> Drop for Serving<'_, T> {
             fn drop(&mut self) {
+                let mut state = self.0.lock();
+                state.readers -= 1;
                 if std::thread::panicking() {
-                    self.0.lock().failed = true;
+                    state.failed = true;
+                    drop(state);
                     self.0.read.notify_all();
                 }
             }
         }
-        let _failed = Failed(self);
+        self.lock().readers += 1;
+        let _serving = Serving(self);
         loop {
             let index = {
                 let mut state = self.lock();
@@ -119,16 +155,18 @@ impl<T> Readahead<T> {
                 }
                 state.next - 1
             };
+            let started = Instant::now();
             let (item, bytes) = read(index);
+            let took = started.elapsed();
             let mut state = self.lock();
             state.in_flight -= 1;
             state.finished += 1;
             state.finished_bytes += bytes;
             state.buffered += bytes;
+            state.read_time = if state.finished == 1 { took } else { (state.read_time * 7 + took) / 8 };
             state.ready.insert(index, (item, bytes));
-            if state.may_start(self.budget, self.max_items) {
-                self.room.notify_one();
-            }
+            // No reader is woken here: this one claims the next read itself, and wakes another
+            // if there is room for two.
             drop(state);
             self.read.notify_all();
         }
@@ -149,6 +187,13 @@ impl<T> Readahead<T> {
             }
             if state.failed || (state.stopped && index >= state.next) {
                 return None;
+            }
+            if state.may_grow() {
+                state.allowed = (state.allowed * 2).min(state.readers);
+                state.grown_at = Some(Instant::now());
+                if state.may_start(self.budget, self.max_items) {
+                    self.room.notify_one(); // it wakes the next, as long as there is room
+                }
             }
             state = self.read.wait(state).unwrap_or_else(|e| e.into_inner());
         }
@@ -199,6 +244,20 @@ impl<T> Readahead<T> {
 const WAKE_BATCH: u64 = 8;
 
 impl<T> State<T> {
+    /// Whether a consumer that has to wait should allow more reads in flight: every read allowed
+    /// is in flight (so the readers, not the budget, hold it up), the readers are not ahead of
+    /// the consumer by even that many samples (when they are, it waits for one slow read, which
+    /// more readers would not speed up), there are readers to run more, a read has finished
+    /// (before, the size is unknown and one read runs at a time) and one read's time has passed
+    /// since the last growth.
+    fn may_grow(&self) -> bool {
+        self.in_flight >= self.allowed
+            && (self.ready.len() as u64) < self.allowed
+            && self.allowed < self.readers
+            && self.finished > 0
+            && self.grown_at.is_none_or(|at| at.elapsed() >= self.read_time)
+    }
+
     /// Whether a consumer that made room should wake a reader: a read fits, and either a batch
     /// of them fits or nothing is read or being read.
     fn may_wake(&self, budget: u64, max_items: u64) -> bool {
@@ -219,11 +278,12 @@ impl<T> State<T> {
         WAKE_BATCH.min(holds / 2).max(1)
     }
 
-    /// Whether one more read fits the budget: the bytes held plus the reads in flight (this one
-    /// included) at the average size read so far. Before any read has finished the size is
-    /// unknown, so one read at a time; with nothing held, a read always starts.
+    /// Whether one more read may start: fewer than [`allowed`](State::allowed) are in flight,
+    /// and it fits the budget: the bytes held plus the reads in flight (this one included) at
+    /// the average size read so far. Before any read has finished the size is unknown, so one
+    /// read at a time; with nothing held, a read always starts.
     fn may_start(&self, budget: u64, max_items: u64) -> bool {
-        if self.ready.len() as u64 + self.in_flight >= max_items {
+        if self.in_flight >= self.allowed || self.ready.len() as u64 + self.in_flight >= max_items {
             return false;
         }
         if self.buffered == 0 && self.in_flight == 0 {
@@ -260,11 +320,18 @@ mod tests {
         /// Reads running right now, and the most at once.
         reading: AtomicU64,
         most_reading: AtomicU64,
+        /// How long each read waits, as on a slow file system.
+        latency: std::time::Duration,
     }
 
     impl Counted {
         fn new(size: u64) -> Counted {
+            Counted::slow(size, std::time::Duration::ZERO)
+        }
+
+        fn slow(size: u64, latency: std::time::Duration) -> Counted {
             Counted {
+                latency,
                 size,
                 reads: AtomicU64::new(0),
                 held: AtomicU64::new(0),
@@ -277,6 +344,7 @@ mod tests {
         fn read(&self, i: usize) -> (Vec<u8>, u64) {
             let now = self.reading.fetch_add(1, Ordering::SeqCst) + 1;
             self.most_reading.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(self.latency);
             self.reads.fetch_add(1, Ordering::SeqCst);
             let held = self.held.fetch_add(self.size, Ordering::SeqCst) + self.size;
             self.peak.fetch_max(held, Ordering::SeqCst);
@@ -373,6 +441,36 @@ mod tests {
         // sample it took as given back: one sample of slack.
         let peak = source.peak.load(Ordering::SeqCst);
         assert!(peak <= 10_000 + 1000, "held {peak} bytes at once with a budget of 10,000");
+    }
+
+    #[test]
+    fn a_consumer_that_never_waits_is_served_by_one_read_at_a_time() {
+        // 16 readers, 1 ms per read, and the consumer only takes what is already read: one
+        // read in flight keeps up, so the others never run (each woken would read one file and
+        // sleep again).
+        let source = Counted::slow(1000, std::time::Duration::from_millis(1));
+        with_readers(&source, 100, 20_000, 16, |readahead| {
+            for batch in (0..100).step_by(20) {
+                readahead.wait_idle();
+                source.take_in_order(readahead, batch..batch + 20);
+            }
+        });
+        assert_eq!(source.reads(), 100);
+        assert_eq!(source.most_reading.load(Ordering::SeqCst), 1, "more than one read at once");
+    }
+
+    #[test]
+    fn a_consumer_waiting_on_a_slow_source_gets_every_reader() {
+        // 2 ms per read and a consumer that takes each sample at once: it waits every time,
+        // and the reads in flight double until all 8 readers read.
+        let source = Counted::slow(10, std::time::Duration::from_millis(2));
+        with_readers(&source, 300, 1 << 20, 8, |readahead| source.take_in_order(readahead, 0..300));
+        assert_eq!(source.reads(), 300);
+        assert_eq!(source.most_reading.load(Ordering::SeqCst), 8, "not every reader was let read");
+        // However many readers there are, no more reads at once than readers.
+        let source = Counted::slow(10, std::time::Duration::from_millis(2));
+        with_readers(&source, 100, 1 << 20, 3, |readahead| source.take_in_order(readahead, 0..100));
+        assert_eq!(source.most_reading.load(Ordering::SeqCst), 3);
     }
 
     #[test]

@@ -9,8 +9,9 @@
 //! marker (what consoles create for an empty folder, where the store lists it): it makes a
 //! class exist, and is no sample.
 //!
-//! Each sample is one GET, made by the pipeline's readers (`--io-threads`, 32 by default), so
-//! that many requests are in flight: what an object store needs to be read fast.
+//! Each sample is one GET, made by the pipeline's readers (`--io-threads`, 32 by default): the
+//! workers wait for every GET, so the readahead soon has all of them in flight, which is what
+//! an object store needs to be read fast.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
