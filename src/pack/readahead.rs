@@ -369,6 +369,18 @@ mod tests {
         fn reads(&self) -> u64 {
             self.reads.load(Ordering::SeqCst)
         }
+
+        /// Waits (up to a minute) until `n` reads have been made. Before a `wait_idle` that
+        /// should find more reads: `wait_idle` alone returns after 100 ms without a change,
+        /// which a reader descheduled that long on a loaded machine (the whole test suite at
+        /// once) looks like.
+        fn read_at_least(&self, n: u64) {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while self.reads() < n {
+                assert!(std::time::Instant::now() < deadline, "only {} of {n} reads made", self.reads());
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
     }
 
     /// Runs `readers` threads serving `0..n` from `source` while `consume` takes from them.
@@ -426,6 +438,7 @@ mod tests {
         let source = Counted::new(1000);
         with_readers(&source, 1000, 10_000, 16, |readahead| {
             // Nothing taken: the readers stop once the budget is full, whatever their number.
+            source.read_at_least(10);
             readahead.wait_idle();
             assert_eq!(source.reads(), 10, "read ahead exactly what the budget holds");
             // Taking one makes room for one more, but the readers wait for room for a batch.
@@ -433,6 +446,7 @@ mod tests {
             readahead.wait_idle();
             assert_eq!(source.reads(), 10, "no reader woken for one read");
             source.take_in_order(readahead, 1..WAKE_BATCH as usize);
+            source.read_at_least(10 + WAKE_BATCH);
             readahead.wait_idle();
             assert_eq!(source.reads(), 10 + WAKE_BATCH, "a batch taken, the budget filled again");
             source.take_in_order(readahead, WAKE_BATCH as usize..1000);
@@ -451,6 +465,7 @@ mod tests {
         let source = Counted::slow(1000, std::time::Duration::from_millis(1));
         with_readers(&source, 100, 20_000, 16, |readahead| {
             for batch in (0..100).step_by(20) {
+                source.read_at_least(batch as u64 + 20);
                 readahead.wait_idle();
                 source.take_in_order(readahead, batch..batch + 20);
             }
@@ -478,9 +493,11 @@ mod tests {
         // Samples of 10 bytes: the 100,000-byte budget would take 10,000 of them; the cap 50.
         let source = Counted::new(10);
         with_capped_readers(&source, 1000, (100_000, 50), 16, |readahead| {
+            source.read_at_least(50);
             readahead.wait_idle();
             assert_eq!(source.reads(), 50, "read ahead exactly the cap");
             source.take_in_order(readahead, 0..WAKE_BATCH as usize);
+            source.read_at_least(50 + WAKE_BATCH);
             readahead.wait_idle();
             assert_eq!(source.reads(), 50 + WAKE_BATCH, "a batch taken, a batch more read");
             source.take_in_order(readahead, WAKE_BATCH as usize..1000);
@@ -493,12 +510,14 @@ mod tests {
         // 8, which never comes before everything is taken (and then the consumer waits).
         let source = Counted::new(1 << 20);
         with_readers(&source, 100, 6 << 20, 16, |readahead| {
+            source.read_at_least(6);
             readahead.wait_idle();
             assert_eq!(source.reads(), 6, "read ahead exactly what the budget holds");
             source.take_in_order(readahead, 0..2);
             readahead.wait_idle();
             assert_eq!(source.reads(), 6, "no reader woken while less than half is free");
             source.take_in_order(readahead, 2..3);
+            source.read_at_least(9);
             readahead.wait_idle();
             assert_eq!(source.reads(), 9, "half of the budget free: refilled");
             source.take_in_order(readahead, 3..100);
@@ -507,6 +526,7 @@ mod tests {
         let source = Counted::new(1 << 20);
         with_readers(&source, 10, 3 << 20 >> 1, 4, |readahead| {
             for i in 0..10 {
+                source.read_at_least(i as u64 + 1);
                 readahead.wait_idle();
                 assert_eq!(source.reads(), i as u64 + 1, "read {i} ahead");
                 source.take_in_order(readahead, i..i + 1);
@@ -519,6 +539,7 @@ mod tests {
         let source = Counted::new(1 << 20);
         with_readers(&source, 5, 1000, 8, |readahead| {
             for i in 0..5 {
+                source.read_at_least(i as u64 + 1);
                 readahead.wait_idle();
                 assert_eq!(source.reads(), i as u64 + 1, "one at a time");
                 assert_eq!(source.take(readahead, i).len(), 1 << 20);
