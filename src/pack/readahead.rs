@@ -434,27 +434,32 @@ mod tests {
 
     #[test]
     fn the_stage_holds_no_more_than_its_budget() {
-        // 16 readers, samples of 1,000 bytes, a budget of 10,000 bytes.
+        // 16 readers, samples of 1,000 bytes, a budget of 20,000 bytes: room for 20, and a
+        // reader is woken when a whole batch (8) fits. (With room for fewer than two batches
+        // the batch is smaller, and a reader woken before the last of the eight takes could
+        // refill the budget before them, so the reads made would depend on the interleaving.)
         let source = Counted::new(1000);
-        with_readers(&source, 1000, 10_000, 16, |readahead| {
+        with_readers(&source, 1000, 20_000, 16, |readahead| {
             // Nothing taken: the readers stop once the budget is full, whatever their number.
-            source.read_at_least(10);
+            source.read_at_least(20);
             readahead.wait_idle();
-            assert_eq!(source.reads(), 10, "read ahead exactly what the budget holds");
+            assert_eq!(source.reads(), 20, "read ahead exactly what the budget holds");
             // Taking one makes room for one more, but the readers wait for room for a batch.
             assert_eq!(source.take(readahead, 0)[0], 0);
             readahead.wait_idle();
-            assert_eq!(source.reads(), 10, "no reader woken for one read");
+            assert_eq!(source.reads(), 20, "no reader woken for one read");
+            // The eighth take frees a batch: only then is a reader woken, so exactly a batch
+            // more is read, whenever the readers run.
             source.take_in_order(readahead, 1..WAKE_BATCH as usize);
-            source.read_at_least(10 + WAKE_BATCH);
+            source.read_at_least(20 + WAKE_BATCH);
             readahead.wait_idle();
-            assert_eq!(source.reads(), 10 + WAKE_BATCH, "a batch taken, the budget filled again");
+            assert_eq!(source.reads(), 20 + WAKE_BATCH, "a batch taken, the budget filled again");
             source.take_in_order(readahead, WAKE_BATCH as usize..1000);
         });
         // Counted from outside, a read may start just before the consumer has counted the
         // sample it took as given back: one sample of slack.
         let peak = source.peak.load(Ordering::SeqCst);
-        assert!(peak <= 10_000 + 1000, "held {peak} bytes at once with a budget of 10,000");
+        assert!(peak <= 20_000 + 1000, "held {peak} bytes at once with a budget of 20,000");
     }
 
     #[test]
