@@ -381,6 +381,14 @@ mod tests {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
+
+        /// Checks that the readers of `readahead` make exactly `n` reads in all and then stop:
+        /// waits for `n`, then until they are idle, then counts again.
+        fn settles_at(&self, readahead: &Readahead<Vec<u8>>, n: u64, what: &str) {
+            self.read_at_least(n);
+            readahead.wait_idle();
+            assert_eq!(self.reads(), n, "{what}");
+        }
     }
 
     /// Runs `readers` threads serving `0..n` from `source` while `consume` takes from them.
@@ -441,19 +449,14 @@ mod tests {
         let source = Counted::new(1000);
         with_readers(&source, 1000, 20_000, 16, |readahead| {
             // Nothing taken: the readers stop once the budget is full, whatever their number.
-            source.read_at_least(20);
-            readahead.wait_idle();
-            assert_eq!(source.reads(), 20, "read ahead exactly what the budget holds");
+            source.settles_at(readahead, 20, "read ahead exactly what the budget holds");
             // Taking one makes room for one more, but the readers wait for room for a batch.
             assert_eq!(source.take(readahead, 0)[0], 0);
-            readahead.wait_idle();
-            assert_eq!(source.reads(), 20, "no reader woken for one read");
+            source.settles_at(readahead, 20, "no reader woken for one read");
             // The eighth take frees a batch: only then is a reader woken, so exactly a batch
             // more is read, whenever the readers run.
             source.take_in_order(readahead, 1..WAKE_BATCH as usize);
-            source.read_at_least(20 + WAKE_BATCH);
-            readahead.wait_idle();
-            assert_eq!(source.reads(), 20 + WAKE_BATCH, "a batch taken, the budget filled again");
+            source.settles_at(readahead, 20 + WAKE_BATCH, "a batch taken, the budget filled again");
             source.take_in_order(readahead, WAKE_BATCH as usize..1000);
         });
         // Counted from outside, a read may start just before the consumer has counted the
@@ -498,13 +501,9 @@ mod tests {
         // Samples of 10 bytes: the 100,000-byte budget would take 10,000 of them; the cap 50.
         let source = Counted::new(10);
         with_capped_readers(&source, 1000, (100_000, 50), 16, |readahead| {
-            source.read_at_least(50);
-            readahead.wait_idle();
-            assert_eq!(source.reads(), 50, "read ahead exactly the cap");
+            source.settles_at(readahead, 50, "read ahead exactly the cap");
             source.take_in_order(readahead, 0..WAKE_BATCH as usize);
-            source.read_at_least(50 + WAKE_BATCH);
-            readahead.wait_idle();
-            assert_eq!(source.reads(), 50 + WAKE_BATCH, "a batch taken, a batch more read");
+            source.settles_at(readahead, 50 + WAKE_BATCH, "a batch taken, a batch more read");
             source.take_in_order(readahead, WAKE_BATCH as usize..1000);
         });
     }
@@ -515,25 +514,18 @@ mod tests {
         // 8, which never comes before everything is taken (and then the consumer waits).
         let source = Counted::new(1 << 20);
         with_readers(&source, 100, 6 << 20, 16, |readahead| {
-            source.read_at_least(6);
-            readahead.wait_idle();
-            assert_eq!(source.reads(), 6, "read ahead exactly what the budget holds");
+            source.settles_at(readahead, 6, "read ahead exactly what the budget holds");
             source.take_in_order(readahead, 0..2);
-            readahead.wait_idle();
-            assert_eq!(source.reads(), 6, "no reader woken while less than half is free");
+            source.settles_at(readahead, 6, "no reader woken while less than half is free");
             source.take_in_order(readahead, 2..3);
-            source.read_at_least(9);
-            readahead.wait_idle();
-            assert_eq!(source.reads(), 9, "half of the budget free: refilled");
+            source.settles_at(readahead, 9, "half of the budget free: refilled");
             source.take_in_order(readahead, 3..100);
         });
         // With room for fewer than two reads, each take wakes a reader.
         let source = Counted::new(1 << 20);
         with_readers(&source, 10, 3 << 20 >> 1, 4, |readahead| {
             for i in 0..10 {
-                source.read_at_least(i as u64 + 1);
-                readahead.wait_idle();
-                assert_eq!(source.reads(), i as u64 + 1, "read {i} ahead");
+                source.settles_at(readahead, i as u64 + 1, &format!("read {i} ahead"));
                 source.take_in_order(readahead, i..i + 1);
             }
         });
@@ -544,9 +536,7 @@ mod tests {
         let source = Counted::new(1 << 20);
         with_readers(&source, 5, 1000, 8, |readahead| {
             for i in 0..5 {
-                source.read_at_least(i as u64 + 1);
-                readahead.wait_idle();
-                assert_eq!(source.reads(), i as u64 + 1, "one at a time");
+                source.settles_at(readahead, i as u64 + 1, "one at a time");
                 assert_eq!(source.take(readahead, i).len(), 1 << 20);
             }
         });
